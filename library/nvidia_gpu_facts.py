@@ -1,0 +1,343 @@
+#!/usr/bin/python
+# Copyright: (c) 2026, specfleet contributors
+# Apache License 2.0 (see LICENSE in the project root)
+"""Ansible facts module: NVIDIA GPUs, driver and CUDA versions, NVSwitch presence."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from typing import Any, NoReturn
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: nvidia_gpu_facts
+short_description: Gather facts about NVIDIA GPUs, the driver, CUDA and NVSwitches
+description:
+  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,pci.bus_id
+    --format=csv,noheader,nounits) and parses every row with Python's C(csv) module.
+  - "Reads the CUDA version (the highest CUDA version the driver supports) from the
+    C(CUDA Version: X.Y) field of the header of a plain C(nvidia-smi) run, because
+    C(--query-gpu) has no CUDA version field."
+  - Values that nvidia-smi prints as C([N/A]), C([Not Supported]), C([Unknown Error]) and
+    similar bracketed placeholders become C(null).
+  - When the driver is too old to know the C(compute_cap) field (it answers that the
+    field is not a valid field to query), the query is repeated without it and every
+    C(compute_capability) is C(null).
+  - Detects NVSwitches from the PCI devices in sysfs (vendor C(0x10de), PCI class
+    C(0x0680), "Bridge, other"), which is how the NVSwitches of HGX A100/H100/H200 boards
+    appear to the host. This works before any driver is installed, so a play can decide
+    whether to install nvidia-fabricmanager from it.
+  - Also counts NVIDIA GPUs on the PCI bus (classes C(0x0300) VGA and C(0x0302) 3D
+    controller) without the driver.
+  - Changes nothing on the host.
+version_added: "0.1.0"
+options:
+  nvidia_smi_path:
+    description:
+      - Path of the nvidia-smi executable.
+      - When not set, C(nvidia-smi) is looked up in E(PATH) and in C(/usr/bin) and C(/bin).
+    type: path
+  fail_on_missing:
+    description:
+      - What to do when nvidia-smi is not found.
+      - When V(true), the module fails with a message naming the path it looked for.
+      - When V(false), it returns C(present=false) and C(count=0), with the PCI counts
+        from sysfs still filled in (useful before the driver is installed).
+      - nvidia-smi that exists but fails (for example because the driver is not loaded)
+        always fails the module, with nvidia-smi's own message.
+    type: bool
+    default: true
+  sysfs_pci_path:
+    description:
+      - Directory of PCI devices in sysfs that is scanned for NVIDIA GPUs and NVSwitches.
+    type: path
+    default: /sys/bus/pci/devices
+extends_documentation_fragment:
+  - action_common_attributes
+  - action_common_attributes.facts
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  platform:
+    platforms: posix
+notes:
+  - nvidia-smi is run without a timeout; a GPU in a bad state can make it hang.
+  - NVSwitch detection through PCI class C(0x0680) is not verified on NVLink-5 systems
+    (HGX B200/GB200), whose switches are managed differently; set the fabric manager
+    explicitly there.
+author:
+  - specfleet contributors
+"""
+
+EXAMPLES = r"""
+- name: Gather NVIDIA GPU facts
+  nvidia_gpu_facts:
+
+- name: Gather PCI facts before the driver is installed
+  nvidia_gpu_facts:
+    fail_on_missing: false
+
+- name: Use an nvidia-smi outside PATH
+  nvidia_gpu_facts:
+    nvidia_smi_path: /usr/local/nvidia/bin/nvidia-smi
+
+- name: Show the GPUs
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.nvidia_gpu.count }} x {{ ansible_facts.nvidia_gpu.gpus[0].name }}"
+  when: ansible_facts.nvidia_gpu.count > 0
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: complex
+  contains:
+    nvidia_gpu:
+      description: NVIDIA GPU facts.
+      returned: always
+      type: complex
+      contains:
+        present:
+          description: Whether nvidia-smi was found and answered.
+          type: bool
+          returned: always
+          sample: true
+        count:
+          description: Number of GPUs nvidia-smi reports.
+          type: int
+          returned: always
+          sample: 8
+        driver_version:
+          description: Driver version, from the first GPU's row; null when no GPU.
+          type: str
+          returned: always
+          sample: "580.95.05"
+        cuda_version:
+          description: Highest CUDA version the driver supports, from nvidia-smi's header.
+          type: str
+          returned: always
+          sample: "13.0"
+        gpus:
+          description: One entry per GPU, in nvidia-smi's order.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - index: 0
+              name: NVIDIA H200
+              uuid: GPU-5f0f8a3e-7f1c-2b6e-9f64-3c1b2d9a0e11
+              memory_total_mib: 143771
+              driver_version: "580.95.05"
+              compute_capability: "9.0"
+              pci_bus_id: "00000000:18:00.0"
+        nvidia_smi_path:
+          description: The nvidia-smi that was run; null when none was found.
+          type: str
+          returned: always
+          sample: /usr/bin/nvidia-smi
+        pci_gpu_count:
+          description: NVIDIA GPUs (PCI class 0x0300 or 0x0302) seen in sysfs.
+          type: int
+          returned: always
+          sample: 8
+        nvswitch_count:
+          description: NVIDIA NVSwitches (PCI class 0x0680) seen in sysfs.
+          type: int
+          returned: always
+          sample: 4
+        nvswitch_present:
+          description: Whether at least one NVSwitch was seen.
+          type: bool
+          returned: always
+          sample: true
+"""
+
+QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "driver_version",
+    "compute_cap",
+    "pci.bus_id",
+)
+NVIDIA_PCI_VENDOR = "0x10de"
+GPU_PCI_CLASSES = ("0x0300", "0x0302")
+NVSWITCH_PCI_CLASS = "0x0680"
+CUDA_VERSION_RE = re.compile(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)*)")
+NO_DEVICES_RE = re.compile(r"No devices were found", re.IGNORECASE)
+INVALID_FIELD_RE = re.compile(r'Field "compute_cap" is not a valid field', re.IGNORECASE)
+
+
+def clean_value(raw: str) -> str | None:
+    """Strip a CSV cell; nvidia-smi's bracketed placeholders ([N/A], ...) become None."""
+    value = raw.strip()
+    if not value or (value.startswith("[") and value.endswith("]")) or value == "N/A":
+        return None
+    return value
+
+
+def to_int(value: str | None) -> int | None:
+    """Parse an integer cell (nounits), tolerating a unit suffix and decimals."""
+    if value is None:
+        return None
+    match = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)", value)
+    if match is None:
+        return None
+    return int(float(match.group(1)))
+
+
+def parse_query_output(text: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Parse `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` output."""
+    gpus: list[dict[str, Any]] = []
+    lines = [line for line in text.splitlines() if line.strip()]
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) != len(fields):
+            raise ValueError(
+                f"expected {len(fields)} comma-separated values, got {len(row)}: {row!r}"
+            )
+        cells = dict(zip(fields, (clean_value(cell) for cell in row), strict=True))
+        index = to_int(cells["index"])
+        if index is None:
+            raise ValueError(f"GPU row without an index: {row!r}")
+        gpus.append(
+            {
+                "index": index,
+                "name": cells["name"],
+                "uuid": cells["uuid"],
+                "memory_total_mib": to_int(cells["memory.total"]),
+                "driver_version": cells["driver_version"],
+                "compute_capability": cells.get("compute_cap"),
+                "pci_bus_id": cells["pci.bus_id"],
+            }
+        )
+    return gpus
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """Find `CUDA Version: X.Y` in nvidia-smi's header (or `-q` output)."""
+    match = CUDA_VERSION_RE.search(text)
+    return match.group(1) if match else None
+
+
+def read_sysfs(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip().lower()
+    except OSError:
+        return ""
+
+
+def scan_pci(sysfs_pci_path: str) -> tuple[int, int]:
+    """Count NVIDIA GPUs and NVSwitches among the PCI devices in sysfs."""
+    gpus = 0
+    switches = 0
+    try:
+        entries = sorted(os.listdir(sysfs_pci_path))
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        device = os.path.join(sysfs_pci_path, entry)
+        if read_sysfs(os.path.join(device, "vendor")) != NVIDIA_PCI_VENDOR:
+            continue
+        pci_class = read_sysfs(os.path.join(device, "class"))[:6]
+        if pci_class in GPU_PCI_CLASSES:
+            gpus += 1
+        elif pci_class == NVSWITCH_PCI_CLASS:
+            switches += 1
+    return gpus, switches
+
+
+def find_nvidia_smi(module: AnsibleModule) -> str | None:
+    path = module.params["nvidia_smi_path"]
+    if path:
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    return module.get_bin_path("nvidia-smi", opt_dirs=["/usr/bin", "/bin"])
+
+
+def smi_error(module: AnsibleModule, what: str, rc: int, out: str, err: str) -> NoReturn:
+    message = (err.strip() or out.strip() or "no output").splitlines()
+    module.fail_json(
+        msg=f"{what} failed (rc={rc}): {' '.join(message)[:500]}",
+        rc=rc,
+        stdout=out,
+        stderr=err,
+    )
+
+
+def query_gpus(module: AnsibleModule, smi: str) -> list[dict[str, Any]]:
+    fields = QUERY_FIELDS
+    while True:
+        cmd = [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+        rc, out, err = module.run_command(cmd)
+        if NO_DEVICES_RE.search(out) or NO_DEVICES_RE.search(err):
+            return []
+        if rc != 0 and "compute_cap" in fields and INVALID_FIELD_RE.search(out + err):
+            fields = tuple(field for field in fields if field != "compute_cap")
+            continue
+        if rc != 0:
+            smi_error(module, " ".join(cmd), rc, out, err)
+        try:
+            return parse_query_output(out, fields)
+        except ValueError as exc:
+            module.fail_json(msg=f"cannot parse nvidia-smi output: {exc}", stdout=out)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi_path": {"type": "path"},
+            "fail_on_missing": {"type": "bool", "default": True},
+            "sysfs_pci_path": {"type": "path", "default": "/sys/bus/pci/devices"},
+        },
+        supports_check_mode=True,
+    )
+    pci_gpus, nvswitches = scan_pci(module.params["sysfs_pci_path"])
+    facts: dict[str, Any] = {
+        "present": False,
+        "count": 0,
+        "driver_version": None,
+        "cuda_version": None,
+        "gpus": [],
+        "nvidia_smi_path": None,
+        "pci_gpu_count": pci_gpus,
+        "nvswitch_count": nvswitches,
+        "nvswitch_present": nvswitches > 0,
+    }
+    smi = find_nvidia_smi(module)
+    if smi is None:
+        if module.params["fail_on_missing"]:
+            where = module.params["nvidia_smi_path"] or "nvidia-smi in PATH"
+            module.fail_json(
+                msg=f"nvidia-smi not found ({where}): is the NVIDIA driver installed?",
+                ansible_facts={"nvidia_gpu": facts},
+            )
+        module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
+
+    gpus = query_gpus(module, smi)
+    rc, out, err = module.run_command([smi])
+    if rc != 0 and gpus:
+        smi_error(module, f"{smi} (read for its 'CUDA Version' header)", rc, out, err)
+    cuda_version = parse_cuda_version(out)
+    facts.update(
+        present=True,
+        count=len(gpus),
+        driver_version=gpus[0]["driver_version"] if gpus else None,
+        cuda_version=cuda_version,
+        gpus=gpus,
+        nvidia_smi_path=smi,
+    )
+    module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
+
+
+if __name__ == "__main__":
+    main()
