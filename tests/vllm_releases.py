@@ -157,10 +157,10 @@ def release_metadata(folder: Path) -> tuple[str, str]:
     return fields["Name"], fields["Version"]
 
 
-def make_interpreter(root: Path) -> Path:
+def make_interpreter(root: Path, base: str = sys.executable) -> Path:
     """A fresh venv (no pip): a real interpreter with its own site-packages."""
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(root)],
+        [base, "-m", "venv", "--without-pip", str(root)],
         check=True,
     )
     return root / "bin" / "python"
@@ -240,3 +240,138 @@ def seed_venv() -> Path:
             subprocess.run(command, check=True)
         done.write_text(recipe.decode())
     return root / "bin" / "python"
+
+
+# ---- running the module the way Ansible does ------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+MODULE = REPO / "library" / "vllm_eagle3_whitelist.py"
+
+
+def run_module(
+    args: dict[str, object],
+    *,
+    check: bool = False,
+    diff: bool = False,
+    tmpdir: Path | None = None,
+    prefix: tuple[str, ...] = (),
+    interpreter: str = sys.executable,
+) -> tuple[int, dict[str, object]]:
+    """Run the module as Ansible runs a Python module: a process reading its arguments as
+    JSON ({"ANSIBLE_MODULE_ARGS": ...}) and answering one JSON object on stdout."""
+    internal: dict[str, object] = {"_ansible_check_mode": check, "_ansible_diff": diff}
+    if tmpdir is not None:
+        internal |= {"_ansible_remote_tmp": str(tmpdir), "_ansible_tmpdir": str(tmpdir)}
+    payload = json.dumps({"ANSIBLE_MODULE_ARGS": {**args, **internal}})
+    proc = subprocess.run(
+        [*prefix, interpreter, str(MODULE)],
+        input=payload,
+        env={**os.environ, "PYTHONPATH": str(Path(ansible_path()).parent)},
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
+    try:
+        result = json.loads(proc.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"no JSON from the module: {proc.stdout!r} {proc.stderr!r}") from exc
+    return proc.returncode, result
+
+
+def ansible_path() -> str:
+    """The directory of the ansible package the tests use (for another interpreter)."""
+    import ansible
+
+    return str(Path(ansible.__file__).parent)
+
+
+class FakeVllm:
+    """A real interpreter (venv) whose site-packages holds one release's real files."""
+
+    def __init__(self, root: Path, version: str, base: str = sys.executable) -> None:
+        self.root = root
+        self.version = version
+        self.python = make_interpreter(root / "venv", base)
+        self.site = site_packages(self.python)
+        self.installed = install_release(fetch_release(version), self.site)
+        relative = EXPECTED_FILE[version]
+        self.source = self.site / relative if relative else None
+        self.tmp = root / "ansible-tmp"
+        self.tmp.mkdir()
+
+    def run(self, check: bool = False, diff: bool = False, **args: object) -> dict[str, object]:
+        rc, result = run_module(
+            {"python": str(self.python), **args}, check=check, diff=diff, tmpdir=self.tmp
+        )
+        assert rc == 0, result
+        return result
+
+    def fail(self, **args: object) -> dict[str, object]:
+        rc, result = run_module({"python": str(self.python), **args}, tmpdir=self.tmp)
+        assert rc != 0 and result.get("failed"), result
+        return result
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every file under site-packages/vllm, by relative path, with its bytes."""
+        return {
+            str(p.relative_to(self.site)): p.read_bytes()
+            for p in sorted((self.site / "vllm").rglob("*"))
+            if p.is_file()
+        }
+
+
+# ---- running vLLM's own check, independently of the module ------------------------------
+
+
+def run_real_check(source: bytes, model_type: str, method: str = "eagle3") -> str | None:
+    """Execute the release's own EAGLE-3 check statements, taken from the source, against a
+    target of the given model type; the error message, or None when it is accepted.
+
+    The statements of SpeculativeConfig._verify_args from the list assignment (if any) to
+    the `if` that raises "only supported" are compiled into a function of `self` and run
+    with a stand-in `self` holding just what they read.
+    """
+    import ast
+    from types import SimpleNamespace
+
+    tree = ast.parse(source)
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig"]
+    (func,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_verify_args"]
+    body = func.body
+    index = next(
+        i
+        for i, stmt in enumerate(body)
+        if isinstance(stmt, ast.If)
+        and any(
+            isinstance(n, ast.Constant) and "only supported" in str(n.value) for n in ast.walk(stmt)
+        )
+    )
+    start = index - 1 if isinstance(body[index - 1], ast.Assign) else index
+    wrapper = ast.Module(
+        body=[
+            ast.FunctionDef(
+                name="check",
+                args=ast.arguments(
+                    posonlyargs=[],
+                    args=[ast.arg(arg="self")],
+                    kwonlyargs=[],
+                    kw_defaults=[],
+                    defaults=[],
+                ),
+                body=body[start : index + 1],
+                decorator_list=[],
+                returns=None,
+                type_params=[],
+            )
+        ],
+        type_ignores=[],
+    )
+    namespace: dict[str, object] = {}
+    exec(compile(ast.fix_missing_locations(wrapper), "<check>", "exec"), namespace)
+    target = SimpleNamespace(hf_text_config=SimpleNamespace(model_type=model_type))
+    try:
+        namespace["check"](SimpleNamespace(method=method, target_model_config=target))  # type: ignore[operator]
+    except ValueError as exc:
+        return str(exc)
+    return None
