@@ -1,0 +1,664 @@
+"""Tests for roles/nvidia_gpu.
+
+Nothing here installs a driver: this machine has no GPU and cannot reach NVIDIA's
+repository. What is covered: ansible-lint (production profile) and a syntax check; the
+role's templates rendered by Ansible with the role's own defaults and vars for each
+supported distribution (facts injected by a test-only fact module, named as such) and
+checked by apt itself; argument_specs and variable checks failing before any task that
+changes something; the `cpu` profile and container skips run for real on localhost; the
+reboot handlers' conditions exercised in check mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ROLE = REPO / "roles" / "nvidia_gpu"
+VENV_BIN = Path(sys.executable).parent
+
+# Facts of the three supported platforms, as `setup` reports them (the fields the role reads).
+PLATFORMS: dict[str, dict[str, str]] = {
+    "ubuntu2204": {
+        "distribution": "Ubuntu",
+        "distribution_version": "22.04",
+        "distribution_release": "jammy",
+        "architecture": "x86_64",
+        "kernel": "5.15.0-126-generic",
+    },
+    "ubuntu2404": {
+        "distribution": "Ubuntu",
+        "distribution_version": "24.04",
+        "distribution_release": "noble",
+        "architecture": "x86_64",
+        "kernel": "6.8.0-49-generic",
+    },
+    "debian12": {
+        "distribution": "Debian",
+        "distribution_version": "12",
+        "distribution_release": "bookworm",
+        "architecture": "x86_64",
+        "kernel": "6.1.0-28-amd64",
+    },
+    "ubuntu2404-arm": {
+        "distribution": "Ubuntu",
+        "distribution_version": "24.04",
+        "distribution_release": "noble",
+        "architecture": "aarch64",
+        "kernel": "6.8.0-1021-nvidia-64k",
+    },
+}
+
+# A module used only by these tests: returns its argument as ansible_facts, so a play can
+# stand in for a host of another distribution without touching this one.
+INJECT_FACTS_MODULE = """\
+#!/usr/bin/python
+from ansible.module_utils.basic import AnsibleModule
+
+def main():
+    module = AnsibleModule(argument_spec={"facts": {"type": "dict", "required": True}},
+                           supports_check_mode=True)
+    module.exit_json(changed=False, ansible_facts=module.params["facts"])
+
+main()
+"""
+
+
+def ansible_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+        # replace profile_tasks (it writes to stdout) with a callback that writes files only
+        ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.junit",
+        JUNIT_OUTPUT_DIR=str(tmp_path / "junit"),
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
+        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
+        ANSIBLE_NOCOLOR="1",
+    )
+    env.update(extra)
+    return env
+
+
+def run_playbook(
+    tmp_path: Path,
+    playbook: str,
+    *args: str,
+    inventory: str = "localhost,",
+    env_extra: dict[str, str] | None = None,
+) -> tuple[int, dict, str]:
+    """Run ansible-playbook with the json callback; returns (rc, result, stderr)."""
+    play_file = tmp_path / "play.yml"
+    play_file.write_text(textwrap.dedent(playbook))
+    cmd = [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        inventory,
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        str(play_file),
+        *args,
+    ]
+    if inventory == "localhost,":
+        cmd[1:1] = ["-c", "local"]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=ansible_env(tmp_path, **(env_extra or {})),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stdout + proc.stderr
+    return proc.returncode, json.loads(proc.stdout[start:]), proc.stderr
+
+
+def task_results(result: dict, host: str = "localhost") -> list[tuple[str, dict]]:
+    """(task name, host result) for every task the host ran, in order."""
+    out = []
+    for play in result["plays"]:
+        for task in play["tasks"]:
+            if host in task["hosts"]:
+                name = task["task"]["name"].split(" : ", 1)[-1]  # drop the "role : " prefix
+                out.append((name, task["hosts"][host]))
+    return out
+
+
+ROLE_PLAY = """\
+- name: Apply nvidia_gpu
+  hosts: all
+  gather_facts: false
+  roles:
+    - role: nvidia_gpu
+"""
+
+
+# --- static checks --------------------------------------------------------------------
+
+
+def test_ansible_lint_production_profile(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-lint"), "--profile", "production", "roles/nvidia_gpu"],
+        cwd=REPO,
+        env=dict(os.environ, ANSIBLE_HOME=str(tmp_path / "ansible-home")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+def test_syntax_check(tmp_path: Path) -> None:
+    play_file = tmp_path / "play.yml"
+    play_file.write_text(ROLE_PLAY)
+    proc = subprocess.run(
+        [
+            str(VENV_BIN / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "--syntax-check",
+            str(play_file),
+        ],
+        cwd=REPO,
+        env=dict(ansible_env(tmp_path), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def load_yaml(path: Path) -> object:
+    return yaml.safe_load(path.read_text())
+
+
+def test_defaults_documented_and_declared() -> None:
+    defaults = load_yaml(ROLE / "defaults" / "main.yml")
+    assert isinstance(defaults, dict)
+    specs = load_yaml(ROLE / "meta" / "argument_specs.yml")
+    options = specs["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options)
+    assert all(name.startswith("nvidia_gpu_") for name in defaults)
+    lines = (ROLE / "defaults" / "main.yml").read_text().splitlines()
+    readme = (ROLE / "README.md").read_text()
+    for name in defaults:
+        index = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+        assert lines[index - 1].startswith("#"), f"{name} has no comment above it"
+        assert f"`{name}`" in readme, f"{name} missing from README"
+    # declared defaults equal the real ones, where the real one is not a template
+    for name, value in defaults.items():
+        if isinstance(value, str) and "{{" in value:
+            continue
+        if "default" in options[name]:
+            assert options[name]["default"] == value, name
+
+
+def test_meta_platforms() -> None:
+    meta = load_yaml(ROLE / "meta" / "main.yml")
+    platforms = {p["name"]: set(p["versions"]) for p in meta["galaxy_info"]["platforms"]}
+    assert platforms == {"Ubuntu": {"jammy", "noble"}, "Debian": {"bookworm"}}
+
+
+def iter_tasks(items: list[dict]) -> list[dict]:
+    tasks = []
+    for item in items:
+        tasks.append(item)
+        for key in ("block", "rescue", "always"):
+            tasks.extend(iter_tasks(item.get(key, [])))
+    return tasks
+
+
+TASK_KEYS = {
+    "name",
+    "when",
+    "block",
+    "rescue",
+    "always",
+    "register",
+    "notify",
+    "loop",
+    "listen",
+    "changed_when",
+    "failed_when",
+    "tags",
+    "vars",
+}
+
+
+def test_fqcn_and_changed_when_everywhere() -> None:
+    files = [*sorted((ROLE / "tasks").glob("*.yml")), ROLE / "handlers" / "main.yml"]
+    for path in files:
+        for task in iter_tasks(load_yaml(path)):
+            actions = [key for key in task if key not in TASK_KEYS]
+            if "block" in task:
+                continue
+            assert len(actions) == 1, (path.name, task)
+            action = actions[0]
+            assert action.startswith("ansible.builtin.") or action == "nvidia_gpu_facts", action
+            if action in ("ansible.builtin.command", "ansible.builtin.shell"):
+                assert "changed_when" in task, (path.name, task["name"])
+            if action == "ansible.builtin.systemd_service" and path.parent.name == "tasks":
+                assert task[action].get("state") not in ("restarted", "reloaded"), task["name"]
+
+
+# --- templates rendered by Ansible, per distribution ----------------------------------
+
+RENDER_PLAY = """\
+- name: Render the nvidia_gpu templates with the role's defaults and vars
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Inject the platform facts (test-only module)
+      inject_facts:
+        facts: "{{{{ platform_facts }}}}"
+
+    - name: Load the role's defaults and vars at their own precedence (variable checks only)
+      ansible.builtin.import_role:
+        name: nvidia_gpu
+        tasks_from: variables.yml
+
+    - name: Output directory
+      ansible.builtin.file:
+        path: "{out}/{{{{ inventory_hostname }}}}"
+        state: directory
+        mode: "0755"
+
+    - name: Render
+      ansible.builtin.template:
+        src: "{role}/templates/{{{{ item.src }}}}"
+        dest: "{out}/{{{{ inventory_hostname }}}}/{{{{ item.dest }}}}"
+        mode: "0644"
+      loop:
+        - {{src: cuda.sources.j2, dest: cuda.sources}}
+        - {{src: nvidia-driver.pref.j2, dest: nvidia-driver.pref}}
+        - {{src: blacklist-nouveau.conf.j2, dest: blacklist-nouveau.conf}}
+
+    - name: Resolved internal values
+      ansible.builtin.copy:
+        dest: "{out}/{{{{ inventory_hostname }}}}/values.json"
+        mode: "0644"
+        content: "{{{{ values | to_nice_json }}}}"
+      vars:
+        values:
+          distro: "{{{{ __nvidia_gpu_distro }}}}"
+          arch: "{{{{ __nvidia_gpu_arch }}}}"
+          repo_url: "{{{{ __nvidia_gpu_repo_url }}}}"
+          keyring_url: "{{{{ __nvidia_gpu_repo_url }}}}{{{{ __nvidia_gpu_keyring_deb }}}}"
+          driver_packages: "{{{{ __nvidia_gpu_driver_package_names }}}}"
+          toolkit_package: "{{{{ __nvidia_gpu_cuda_toolkit_package }}}}"
+          headers_package: "linux-headers-{{{{ ansible_facts.kernel }}}}"
+          pin_version: "{{{{ __nvidia_gpu_pin_version }}}}"
+"""
+
+VARIANTS: dict[str, dict[str, object]] = {
+    # host name: (platform, extra host vars)
+    "ubuntu2204": {"platform": "ubuntu2204"},
+    "ubuntu2404": {"platform": "ubuntu2404"},
+    "debian12": {"platform": "debian12"},
+    "ubuntu2404-arm": {"platform": "ubuntu2404-arm"},
+    "debian12-proprietary-exact": {
+        "platform": "debian12",
+        "nvidia_gpu_kernel_modules": "proprietary",
+        "nvidia_gpu_driver_version": "580.95.05",
+        "nvidia_gpu_cuda_toolkit_version": "12.9",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("render")
+    out = tmp_path / "out"
+    library = tmp_path / "library"
+    library.mkdir()
+    (library / "inject_facts.py").write_text(INJECT_FACTS_MODULE)
+    hosts = {}
+    for host, variant in VARIANTS.items():
+        host_vars = {k: v for k, v in variant.items() if k != "platform"}
+        hosts[host] = {
+            "ansible_connection": "local",
+            "platform_facts": PLATFORMS[str(variant["platform"])],
+            **host_vars,
+        }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    rc, result, stderr = run_playbook(
+        tmp_path,
+        RENDER_PLAY.format(role=ROLE, out=out),
+        inventory=str(inventory),
+        env_extra={"ANSIBLE_LIBRARY": f"{library}:{REPO / 'library'}"},
+    )
+    assert rc == 0, json.dumps(result["stats"]) + stderr
+    return out
+
+
+@pytest.mark.parametrize(
+    ("host", "distro", "arch"),
+    [
+        ("ubuntu2204", "ubuntu2204", "x86_64"),
+        ("ubuntu2404", "ubuntu2404", "x86_64"),
+        ("debian12", "debian12", "x86_64"),
+        ("ubuntu2404-arm", "ubuntu2404", "sbsa"),
+    ],
+)
+def test_deb822_source_rendered_per_distro(rendered: Path, host: str, distro: str, arch: str):
+    url = f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
+    text = (rendered / host / "cuda.sources").read_text()
+    fields = dict(
+        line.split(": ", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+    assert fields == {
+        "Types": "deb",
+        "URIs": url,
+        "Suites": "/",
+        "Signed-By": "/usr/share/keyrings/cuda-archive-keyring.gpg",
+    }
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["keyring_url"] == url + "cuda-keyring_1.1-1_all.deb"
+    assert values["driver_packages"] == ["nvidia-open"]
+    assert values["toolkit_package"] == "cuda-toolkit-12-8"
+    assert values["headers_package"] == "linux-headers-" + PLATFORMS[host]["kernel"]
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get to parse sources")
+@pytest.mark.parametrize("host", ["ubuntu2204", "ubuntu2404", "debian12", "ubuntu2404-arm"])
+def test_deb822_source_parsed_by_apt(rendered: Path, host: str, tmp_path: Path):
+    parts = tmp_path / "sources.list.d"
+    parts.mkdir()
+    shutil.copy(rendered / host / "cuda.sources", parts / "cuda.sources")
+    proc = subprocess.run(
+        [
+            "apt-get",
+            "-o",
+            "Dir::Etc::SourceList=/dev/null",
+            "-o",
+            f"Dir::Etc::SourceParts={parts}",
+            "indextargets",
+            "--no-release-info",
+            "--format",
+            "$(URI)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "E:" not in proc.stderr, proc.stderr
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["repo_url"] + "Packages" in proc.stdout.split()
+
+
+def parse_preferences(text: str) -> list[dict[str, str]]:
+    stanzas = []
+    for chunk in re.split(r"\n\s*\n", text):
+        fields = dict(
+            line.split(": ", 1)
+            for line in chunk.splitlines()
+            if line.strip() and not line.startswith("#")
+        )
+        if fields:
+            stanzas.append(fields)
+    return stanzas
+
+
+@pytest.mark.parametrize("host", ["ubuntu2204", "ubuntu2404", "debian12"])
+def test_driver_branch_pin_rendered(rendered: Path, host: str):
+    stanzas = parse_preferences((rendered / host / "nvidia-driver.pref").read_text())
+    assert stanzas[0] == {
+        "Package": "*",
+        "Pin": 'origin "developer.download.nvidia.com"',
+        "Pin-Priority": "600",
+    }
+    assert stanzas[1]["Pin"] == "version /^([0-9]+:)?580[.]/"
+    assert stanzas[1]["Pin-Priority"] == "1000"
+    patterns = stanzas[1]["Package"].split()
+    pin = re.compile(stanzas[1]["Pin"].removeprefix("version /").removesuffix("/"))
+    package_re = [re.compile(p.strip("/")) for p in patterns]
+    for package in ("nvidia-open", "nvidia-driver-580-open", "libnvidia-compute-580"):
+        assert any(r.search(package) for r in package_re), package
+    for package in ("cuda-drivers", "libcuda1", "nvidia-fabricmanager"):
+        assert any(r.search(package) for r in package_re), package
+    assert not any(r.search("cuda-toolkit-12-8") for r in package_re)
+    # the version regex takes the branch and nothing else
+    assert pin.search("580.95.05-1")
+    assert pin.search("580.95.05-0ubuntu1")
+    assert pin.search("1:580.65.06-1")
+    assert not pin.search("590.44.01-1")
+    assert not pin.search("5800.1-1")
+
+
+def test_exact_version_and_proprietary_rendered(rendered: Path):
+    host = "debian12-proprietary-exact"
+    stanzas = parse_preferences((rendered / host / "nvidia-driver.pref").read_text())
+    assert stanzas[1]["Pin"] == r"version /^([0-9]+:)?580\.95\.05-/"
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["driver_packages"] == ["cuda-drivers"]
+    assert values["toolkit_package"] == "cuda-toolkit-12-9"
+
+
+@pytest.mark.parametrize("host", list(VARIANTS))
+def test_nouveau_blacklist_rendered(rendered: Path, host: str):
+    lines = [
+        line
+        for line in (rendered / host / "blacklist-nouveau.conf").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert lines == ["blacklist nouveau", "options nouveau modeset=0"]
+
+
+# --- runs of the role on localhost that must change nothing ---------------------------
+
+
+def assert_nothing_changed(result: dict) -> None:
+    for host, stats in result["stats"].items():
+        assert stats["changed"] == 0, (host, stats)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"nvidia_gpu_kernel_modules": "closed"}, "nvidia_gpu_kernel_modules"),
+        ({"nvidia_gpu_fabricmanager": "maybe"}, "nvidia_gpu_fabricmanager"),
+        ({"nvidia_gpu_reboot_allowed": "perhaps"}, "nvidia_gpu_reboot_allowed"),
+        ({"nvidia_gpu_reboot_timeout": "soon"}, "nvidia_gpu_reboot_timeout"),
+        ({"accelerator": "tpu"}, "nvidia_gpu_accelerator"),
+    ],
+)
+def test_argument_spec_rejects_bad_values(tmp_path: Path, extra: dict, message: str):
+    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", json.dumps(extra))
+    assert rc != 0
+    tasks = task_results(result)
+    assert len(tasks) == 1, [name for name, _ in tasks]
+    name, host_result = tasks[0]
+    assert name.startswith("Validating arguments against arg spec 'main'")
+    assert host_result["failed"] is True
+    assert message in host_result["msg"]
+    assert_nothing_changed(result)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"nvidia_gpu_driver_branch": "58O"},
+        {"nvidia_gpu_driver_version": "575.57.08"},
+        {"nvidia_gpu_cuda_toolkit_version": "12"},
+    ],
+)
+def test_version_variables_checked_first(tmp_path: Path, extra: dict):
+    # even with accelerator cpu: a bad version is a configuration error
+    rc, result, _ = run_playbook(
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+    )
+    assert rc != 0
+    names = [name for name, _ in task_results(result)]
+    assert names[-1] == "Check the version variables"
+    assert "Say why the role is skipped (cpu profile)" not in names
+    failed = task_results(result)[-1][1]
+    assert failed["failed"] is True
+    assert "nvidia_gpu_driver_branch must be digits" in failed["msg"]
+    assert_nothing_changed(result)
+
+
+def test_cpu_profile_skips_with_message(tmp_path: Path):
+    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", "accelerator=cpu")
+    assert rc == 0
+    tasks = task_results(result)
+    names = [name for name, _ in tasks]
+    # meta tasks are not reported; nothing after the message ran
+    assert names[-1] == "Say why the role is skipped (cpu profile)"
+    assert "accelerator is 'cpu'" in tasks[-1][1]["msg"]
+    assert not any("Gather the facts" in name for name in names)
+    assert_nothing_changed(result)
+
+
+def test_container_override_skips_with_message(tmp_path: Path):
+    # nvidia_gpu_container_detected is the role's documented override of the detection
+    rc, result, _ = run_playbook(
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"nvidia_gpu_container_detected": True})
+    )
+    assert rc == 0
+    tasks = task_results(result)
+    names = [name for name, _ in tasks]
+    assert names[-1] == "Say why the role is skipped (container)"
+    assert "it is a container" in tasks[-1][1]["msg"]
+    assert not any(name.startswith("Check that the distribution") for name in names)
+    assert_nothing_changed(result)
+
+
+def host_is_container() -> bool:
+    """What setup says about this machine (read-only)."""
+    proc = subprocess.run(
+        [
+            str(VENV_BIN / "ansible"),
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-m",
+            "ansible.builtin.setup",
+            "-a",
+            "gather_subset=!all,virtual",
+            "-o",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    facts = json.loads(proc.stdout.split("=>", 1)[1])["ansible_facts"]
+    return facts.get("ansible_virtualization_role") == "guest" and facts.get(
+        "ansible_virtualization_type"
+    ) in {"docker", "container", "containerd", "podman", "lxc", "systemd-nspawn"}
+
+
+def test_real_container_detection_skips(tmp_path: Path):
+    if not host_is_container():
+        pytest.skip("this machine is not a container: nothing to detect")
+    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY)
+    assert rc == 0
+    names = [name for name, _ in task_results(result)]
+    assert names[-1] == "Say why the role is skipped (container)"
+    assert_nothing_changed(result)
+
+
+def test_host_without_gpu_fails_before_any_change(tmp_path: Path):
+    pci = Path("/sys/bus/pci/devices")
+    if any((d / "vendor").read_text().strip() == "0x10de" for d in pci.iterdir()):
+        pytest.skip("this machine has NVIDIA devices")
+    # not a container (override), no GPU on the bus: the role must stop at its checks;
+    # --check as a second guard.
+    rc, result, _ = run_playbook(
+        tmp_path,
+        ROLE_PLAY,
+        "--check",
+        "-e",
+        json.dumps({"nvidia_gpu_container_detected": False}),
+    )
+    assert rc != 0
+    tasks = task_results(result)
+    name, failed = tasks[-1]
+    assert failed["failed"] is True
+    assert name in (
+        "Check that the host has an NVIDIA GPU",
+        "Check that the distribution is supported",
+    )
+    if name == "Check that the host has an NVIDIA GPU":
+        assert "No NVIDIA GPU on the PCI bus" in failed["msg"]
+    assert not any(n.startswith(("Install", "Download", "Add NVIDIA")) for n, _ in tasks)
+    assert_nothing_changed(result)
+
+
+# --- reboot handlers ------------------------------------------------------------------
+
+HANDLER_PLAY = """\
+- name: Notify the driver-changed handlers of nvidia_gpu
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Load the role's defaults, vars and handlers (its variable checks only)
+      ansible.builtin.import_role:
+        name: nvidia_gpu
+        tasks_from: variables.yml
+
+    - name: Pretend the driver changed
+      ansible.builtin.debug:
+        msg: driver changed
+      changed_when: true
+      notify: nvidia_gpu driver changed
+
+    - name: Flush
+      ansible.builtin.meta: flush_handlers
+
+    - name: Report
+      ansible.builtin.debug:
+        msg: "pending={{ __nvidia_gpu_reboot_pending | default(false) }}"
+"""
+
+
+@pytest.mark.parametrize(
+    ("connection", "allowed", "rebooted", "pending"),
+    [
+        ("local", True, False, True),  # never reboot the controller
+        ("local", False, False, True),
+        ("ssh", False, False, True),  # forbidden by the variable
+        ("ssh", True, True, False),  # check mode: the reboot action reports, no reboot
+    ],
+)
+def test_reboot_handlers_in_check_mode(
+    tmp_path: Path, connection: str, allowed: bool, rebooted: bool, pending: bool
+):
+    inventory = tmp_path / "inventory.yml"
+    host = {
+        "ansible_connection": connection,
+        "ansible_host": "192.0.2.1",  # TEST-NET-1: never reached (check mode)
+        "nvidia_gpu_reboot_allowed": allowed,
+    }
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpuhost": host}}}))
+    rc, result, stderr = run_playbook(tmp_path, HANDLER_PLAY, "--check", inventory=str(inventory))
+    assert rc == 0, stderr
+    tasks = dict(task_results(result, "gpuhost"))
+    reboot = tasks["Reboot after the driver changed"]
+    assert bool(reboot.get("rebooted")) is rebooted
+    assert reboot.get("skipped", False) is not rebooted
+    assert tasks["Report"]["msg"] == f"pending={pending}"
