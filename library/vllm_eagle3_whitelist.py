@@ -1101,8 +1101,13 @@ class Whitelist:
         served = self.served(python, package, path, self.span_list(final, final_check))
         if not served["found"] or sorted(served["strings"]) != expected:
             got = sorted(served["strings"]) if served["found"] else "no such function"
+            restored = ""
+            if new_data != src.data:
+                # leave the host as it was: the original bytes, without the caches
+                self.write(path, src.data)
+                restored = "; the original file was put back"
             self.fail(
-                f"after the edit {python} would still execute {got}, expected {expected} "
+                f"after the edit {python} would still execute {got}, expected {expected}{restored} "
                 f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
                 served=served,
             )
