@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from specfleet.image import ensure_image
 from specfleet.lab import lab_down, lab_up
@@ -12,16 +13,18 @@ from specfleet.stacklock import StackLock, StackSpec, resolve
 from specfleet.wheelhouse import ensure_wheelhouse
 
 
-def _report(result: PlayResult) -> int:
-    changed = ", ".join(f"{host}={n}" for host, n in sorted(result.changed.items()))
-    print(f"specfleet: rc={result.rc} changed: {changed or 'none'}")
-    if result.failed_hosts:
-        print(f"specfleet: failed hosts: {', '.join(result.failed_hosts)}", file=sys.stderr)
-    return 0 if result.ok else 1
+def _report(results: list[PlayResult]) -> int:
+    for result in results:
+        changed = ", ".join(f"{host}={n}" for host, n in sorted(result.changed.items()))
+        print(f"specfleet: {result.playbook}: rc={result.rc} changed: {changed or 'none'}")
+        if result.failed_hosts:
+            print(f"specfleet: failed hosts: {', '.join(result.failed_hosts)}", file=sys.stderr)
+    return 0 if all(result.ok for result in results) else 1
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
-    return _report(lab_up() if args.action == "up" else lab_down())
+    inventory = Path(args.inventory) if args.inventory else None
+    return _report(lab_up(inventory) if args.action == "up" else lab_down(inventory))
 
 
 def _cmd_image(args: argparse.Namespace) -> int:
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lab = commands.add_parser("lab", help="bring the local lab up (and converge it) or down")
     lab.add_argument("action", choices=["up", "down"])
+    lab.add_argument("-i", "--inventory", help="lab inventory (default: inventory/lab)")
     lab.set_defaults(func=_cmd_lab)
 
     image = commands.add_parser("image", help="build or reuse the Debian 12 systemd host image")

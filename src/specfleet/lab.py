@@ -7,17 +7,26 @@ exactly as it would converge a real fleet.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specfleet.image import ensure_image
 from specfleet.playbook import PlayResult, run_playbook
 
 
-def lab_up() -> PlayResult:
+def lab_up(inventory: Path | None = None) -> list[PlayResult]:
+    """Create the lab's containers, then converge them; stops at the first failure."""
     image = ensure_image()
-    created = run_playbook("lab.yml", extravars={"lab_state": "started", "lab_image": image})
-    if not created.ok:
-        return created
-    return run_playbook("site.yml")
+    results = [
+        run_playbook(
+            "lab.yml",
+            inventory=inventory,
+            extravars={"lab_state": "started", "lab_image": image},
+        )
+    ]
+    if results[-1].ok:
+        results.append(run_playbook("site.yml", inventory=inventory))
+    return results
 
 
-def lab_down() -> PlayResult:
-    return run_playbook("lab.yml", extravars={"lab_state": "absent"})
+def lab_down(inventory: Path | None = None) -> list[PlayResult]:
+    return [run_playbook("lab.yml", inventory=inventory, extravars={"lab_state": "absent"})]

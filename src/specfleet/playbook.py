@@ -17,6 +17,7 @@ from specfleet.paths import repo_root
 
 @dataclass(frozen=True)
 class PlayResult:
+    playbook: str
     rc: int
     changed: dict[str, int]
     failed_hosts: tuple[str, ...]
@@ -63,6 +64,7 @@ def run_playbook(
         stats = result.stats or {}
     failed = set(stats.get("failures", {})) | set(stats.get("dark", {}))
     return PlayResult(
+        playbook=playbook,
         rc=result.rc,
         changed={host: int(n) for host, n in stats.get("changed", {}).items()},
         failed_hosts=tuple(sorted(failed)),

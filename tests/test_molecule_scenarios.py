@@ -1,0 +1,50 @@
+"""Every Molecule scenario, run for real on systemd containers.
+
+Each scenario's sequence (shared base config) is destroy, create, prepare,
+converge, idempotence, verify, destroy: a role that changes anything on its
+second converge fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specfleet.image import ensure_image
+from specfleet.paths import repo_root
+
+ROOT = repo_root()
+SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    return ensure_image()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario: str, base_image: str, capsys: pytest.CaptureFixture[str]):
+    log_dir = ROOT / ".cache" / "molecule-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{scenario}.log"
+    env = dict(os.environ, SPECFLEET_IMAGE=base_image, PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    with log.open("w") as out:
+        result = subprocess.run(
+            ["molecule", "test", "-s", scenario],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    text = log.read_text()
+    recap = text[text.rfind("DETAILS") :] if "DETAILS" in text else text[-3000:]
+    with capsys.disabled():
+        print(f"\n--- molecule {scenario} (full log: {log})\n{recap.strip()}")
+    assert result.returncode == 0, f"molecule {scenario} failed; last lines:\n{text[-6000:]}"
