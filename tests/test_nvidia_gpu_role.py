@@ -637,21 +637,22 @@ HANDLER_PLAY = """\
 
 
 @pytest.mark.parametrize(
-    ("connection", "allowed", "rebooted", "pending"),
+    ("connection", "address", "allowed", "rebooted", "pending"),
     [
-        ("local", True, False, True),  # never reboot the controller
-        ("local", False, False, True),
-        ("ssh", False, False, True),  # forbidden by the variable
-        ("ssh", True, True, False),  # check mode: the reboot action reports, no reboot
+        ("local", "192.0.2.1", True, False, True),  # never reboot the controller
+        ("local", "192.0.2.1", False, False, True),
+        ("ssh", "127.0.0.1", True, False, True),  # the controller over ssh: neither
+        ("ssh", "192.0.2.1", False, False, True),  # forbidden by the variable
+        ("ssh", "192.0.2.1", True, True, False),  # check mode: reported, no reboot
     ],
 )
 def test_reboot_handlers_in_check_mode(
-    tmp_path: Path, connection: str, allowed: bool, rebooted: bool, pending: bool
+    tmp_path: Path, connection: str, address: str, allowed: bool, rebooted: bool, pending: bool
 ):
     inventory = tmp_path / "inventory.yml"
     host = {
         "ansible_connection": connection,
-        "ansible_host": "192.0.2.1",  # TEST-NET-1: never reached (check mode)
+        "ansible_host": address,  # 192.0.2.1 is TEST-NET-1: never reached (check mode)
         "nvidia_gpu_reboot_allowed": allowed,
     }
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gpuhost": host}}}))
