@@ -282,3 +282,40 @@ def test_validation_accepts_eagle3_drafters(tmp_path, config):
         "--check",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+METRICS_SAMPLE = """\
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 69.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="tiny"} 3.0
+vllm:spec_decode_num_draft_tokens_created{engine="0",model_name="tiny"} 1.7959702470090735e+09
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 12.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 9.0
+"""
+
+
+def test_gate_reads_speculative_counters(tmp_path):
+    """The gate's counter sums (role vars) over a /metrics text in vLLM's format."""
+    play = {
+        "name": "Evaluate the gate's expressions",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "tasks": [{
+            "name": "Write the sums",
+            "ansible.builtin.copy": {
+                "dest": str(tmp_path / "sums.json"), "mode": "0600",
+                "content": "{{ {'before': vllm_server__draft_before | float, "
+                           "'after': vllm_server__draft_after | float, "
+                           "'accepted': vllm_server__accepted_after | float} | to_json }}",
+            },
+        }],
+    }
+    result = _playbook(tmp_path, [play], {
+        "vllm_server__metrics_before": {"content": "# nothing yet\n"},
+        "vllm_server__metrics_after": {"content": METRICS_SAMPLE},
+    })
+    assert result.returncode == 0, result.stdout + result.stderr
+    sums = json.loads((tmp_path / "sums.json").read_text())
+    assert sums == {"before": 0.0, "after": 72.0, "accepted": 12.0}
