@@ -14,10 +14,12 @@ from specfleet.paths import repo_root
 
 @pytest.fixture
 def lab_inventory(tmp_path: Path) -> Path:
-    """The lab inventory with the test's own host names, so a running lab is left alone."""
+    """The lab inventory with one host of the test's own, so a running lab is left alone."""
     lab = repo_root() / "inventory" / "lab"
     shutil.copytree(lab / "group_vars", tmp_path / "group_vars")
-    hosts = (lab / "hosts.yml").read_text().replace("gpu-lab-", "test-lab-")
+    hosts = (lab / "hosts.yml").read_text()
+    assert "        gpu-lab-02:\n" in hosts
+    hosts = hosts.replace("        gpu-lab-02:\n", "").replace("gpu-lab-", "test-lab-")
     (tmp_path / "hosts.yml").write_text(hosts)
     return tmp_path / "hosts.yml"
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from specfleet.image import ensure_image
-from specfleet.paths import repo_root
+from specfleet.paths import cache_dir, repo_root
+from specfleet.stacklock import StackLock, StackSpec
+from specfleet.wheelhouse import ensure_wheelhouse
 
 ROOT = repo_root()
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
@@ -26,13 +28,29 @@ def base_image() -> str:
     return ensure_image()
 
 
+@pytest.fixture(scope="session")
+def wheelhouse_root() -> Path:
+    """Every stack's wheelhouse: scenarios install the host stack offline from them."""
+    for lock_file in sorted((ROOT / "locks").glob("*.toml")):
+        ensure_wheelhouse(StackSpec.load(lock_file.stem), StackLock.read(lock_file.stem))
+    return cache_dir("wheelhouse")
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario: str, base_image: str, capsys: pytest.CaptureFixture[str]):
+def test_scenario(
+    scenario: str, base_image: str, wheelhouse_root: Path, capsys: pytest.CaptureFixture[str]
+):
     log_dir = ROOT / ".cache" / "molecule-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{scenario}.log"
-    env = dict(os.environ, SPECFLEET_IMAGE=base_image, PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+    env = dict(
+        os.environ,
+        SPECFLEET_IMAGE=base_image,
+        SPECFLEET_WHEELHOUSE_ROOT=str(wheelhouse_root),
+        PY_COLORS="0",
+        ANSIBLE_FORCE_COLOR="0",
+    )
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     with log.open("w") as out:
         result = subprocess.run(

@@ -1,0 +1,132 @@
+"""Filters for the ml_stack role: lock digests, wheelhouse coverage, flash-attn checks."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+# flash-attn's release wheels carry their build in the local version, e.g.
+# flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl
+_FLASH_ATTN_WHEEL = re.compile(
+    r"^flash_attn-(?P<version>[^+-]+)\+cu(?P<cuda>\d+)torch(?P<torch>\d+\.\d+)"
+    r"cxx11abi(?P<abi>TRUE|FALSE)-(?P<python>cp\d+)-(?P=python)-linux_x86_64\.whl$"
+)
+_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def stack_digest(pins: Iterable[str]) -> str:
+    """The lock's content hash; names the wheelhouse and the venv.
+
+    Must equal specfleet.stacklock.StackLock.digest (a test checks it).
+    """
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16]
+
+
+def stack_pins(lock_text: str) -> list[str]:
+    """The pins of a lock file's text; rejects anything that is not `name==version`."""
+    pins = [line.strip() for line in lock_text.splitlines()]
+    pins = [pin for pin in pins if pin and not pin.startswith("#")]
+    bad = [pin for pin in pins if not _PIN.match(pin)]
+    if bad:
+        raise AnsibleFilterError(f"stack lock lines are not exact pins (name==version): {bad}")
+    if not pins:
+        raise AnsibleFilterError("stack lock has no pins")
+    return pins
+
+
+def stack_pin_version(pins: Iterable[str], package: str) -> str:
+    """The pinned version of `package`, or '' when the lock does not pin it."""
+    for pin in pins:
+        match = _PIN.match(pin)
+        if match and _normalise(match["name"]) == _normalise(package):
+            return match["version"]
+    return ""
+
+
+def wheelhouse_missing(pins: Iterable[str], wheel_files: Iterable[str]) -> list[str]:
+    """Pins that no wheel (or sdist) in the wheelhouse provides."""
+    available = set()
+    for path in wheel_files:
+        filename = path.rsplit("/", 1)[-1]
+        if filename.endswith(".whl"):
+            name, version = filename.split("-")[:2]
+        elif filename.endswith(".tar.gz"):
+            name, _, version = filename.removesuffix(".tar.gz").rpartition("-")
+        else:
+            continue
+        available.add((_normalise(name), version))
+    missing = []
+    for pin in pins:
+        match = _PIN.match(pin)
+        if match is None or (_normalise(match["name"]), match["version"]) not in available:
+            missing.append(pin)
+    return missing
+
+
+def flash_attn_wheel_mismatches(wheel: str, venv: Mapping[str, Any]) -> list[str]:
+    """Why a prebuilt flash-attn wheel does not fit the venv's torch (empty: it fits).
+
+    `venv` holds what the venv's interpreter reported: torch (e.g. "2.8.0"),
+    cuda (e.g. "12.8"), cxx11abi (bool) and python (e.g. "cp312").
+    """
+    filename = wheel.rsplit("/", 1)[-1]
+    match = _FLASH_ATTN_WHEEL.match(filename)
+    if match is None:
+        return [f"{filename} is not named like a flash-attn release wheel"]
+    problems = []
+    torch_minor = ".".join(str(venv["torch"]).split("+")[0].split(".")[:2])
+    if match["torch"] != torch_minor:
+        problems.append(f"built for torch {match['torch']}, the venv has torch {venv['torch']}")
+    cuda_major = str(venv.get("cuda") or "none").split(".")[0]
+    if match["cuda"] != cuda_major:
+        problems.append(f"built for CUDA {match['cuda']}, torch uses CUDA {venv.get('cuda')}")
+    if (match["abi"] == "TRUE") != bool(venv["cxx11abi"]):
+        problems.append(
+            f"built with cxx11abi={match['abi']}, torch has cxx11abi={venv['cxx11abi']}"
+        )
+    if match["python"] != venv["python"]:
+        problems.append(f"built for {match['python']}, the venv runs {venv['python']}")
+    return problems
+
+
+def flash_attn_import_state(result: Mapping[str, Any]) -> str:
+    """Classify `python -c 'import flash_attn_2_cuda'`: ok, missing, abi_mismatch or broken.
+
+    An undefined symbol means the extension was built against another torch
+    (the classic state after torch was upgraded under it): rebuild it.
+    """
+    if result.get("rc") == 0:
+        return "ok"
+    stderr = str(result.get("stderr", ""))
+    if "undefined symbol" in stderr:
+        return "abi_mismatch"
+    if re.search(r"No module named '?flash_attn", stderr):
+        return "missing"
+    return "broken"
+
+
+def flash_attn_max_jobs(cores: int, memory_mib: int, gib_per_job: int) -> int:
+    """Parallel nvcc jobs for a flash-attn build: bounded by cores and memory."""
+    by_memory = int(memory_mib) // (1024 * max(1, int(gib_per_job)))
+    return max(1, min(int(cores), by_memory))
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "stack_digest": stack_digest,
+            "stack_pins": stack_pins,
+            "stack_pin_version": stack_pin_version,
+            "wheelhouse_missing": wheelhouse_missing,
+            "flash_attn_wheel_mismatches": flash_attn_wheel_mismatches,
+            "flash_attn_import_state": flash_attn_import_state,
+            "flash_attn_max_jobs": flash_attn_max_jobs,
+        }
