@@ -26,8 +26,9 @@ def test_imports_without_ml_libraries():
         "bad = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') "
         "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=False, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -104,20 +105,21 @@ print(json.dumps(out))
 def _tree_digest(root: Path) -> dict[str, str]:
     return {
         str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*")) if path.is_file()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
     }
 
 
 @pytest.fixture(scope="module")
 def venv_python():
-    from vllm_cpu_venv import vllm_cpu_python
+    from stack_venv import stack_python
 
-    return vllm_cpu_python()
+    return stack_python()
 
 
 @pytest.fixture(scope="module")
 def llama(venv_python, tmp_path_factory):
-    from vllm_cpu_venv import generate_tiny_models
+    from stack_venv import generate_tiny_models
 
     out = tmp_path_factory.mktemp("llama")
     summary = generate_tiny_models(venv_python, out)
@@ -125,8 +127,13 @@ def llama(venv_python, tmp_path_factory):
 
 
 def _inspect(python: Path, root: Path) -> dict:
-    result = subprocess.run([str(python), "-c", INSPECT, str(root)], capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [str(python), "-c", INSPECT, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -164,7 +171,7 @@ def test_llama_target_tokenizer_and_drafter(venv_python, llama):
 
 @pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_weights(venv_python, llama, tmp_path):
-    from vllm_cpu_venv import generate_tiny_models
+    from stack_venv import generate_tiny_models
 
     root, _ = llama
     generate_tiny_models(venv_python, tmp_path / "again")
@@ -186,7 +193,7 @@ def test_files_readable_by_a_service_user(llama):
 
 @pytest.mark.slow
 def test_mistral_variant_with_more_layers(venv_python, tmp_path):
-    from vllm_cpu_venv import generate_tiny_models
+    from stack_venv import generate_tiny_models
 
     generate_tiny_models(venv_python, tmp_path, "--arch", "mistral", "--layers", "10")
     info = _inspect(venv_python, tmp_path)

