@@ -122,9 +122,24 @@ def _ansible_debug(expression: str) -> subprocess.CompletedProcess[str]:
     }
     ansible = Path(sys.executable).with_name("ansible")
     return subprocess.run(
-        [str(ansible), "localhost", "-i", "localhost,", "-c", "local", "-m",
-         "ansible.builtin.debug", "-a", f"msg={{{{ {expression} }}}}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(ansible),
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-m",
+            "ansible.builtin.debug",
+            "-a",
+            f"msg={{{{ {expression} }}}}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

@@ -39,7 +39,11 @@ time.sleep(120)
 def as_uid(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", *argv],
-        capture_output=True, text=True, timeout=60, check=False, **kwargs,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **kwargs,
     )
 
 
@@ -54,14 +58,23 @@ def test_shm_clean_removes_only_stale_segments_of_its_user():
     holder = None
     try:
         for path in (stale, mapped):
-            result = as_uid(sys.executable, "-c",
-                            f"open({str(path)!r}, 'wb').write(b'x' * 4096)")
+            result = as_uid(sys.executable, "-c", f"open({str(path)!r}, 'wb').write(b'x' * 4096)")
             assert result.returncode == 0, result.stderr
         foreign.write_bytes(b"root")
         holder = subprocess.Popen(
-            ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
-             sys.executable, "-c", HOLD, str(live), str(mapped)],
-            stdout=subprocess.PIPE, text=True,
+            [
+                "setpriv",
+                f"--reuid={UID}",
+                f"--regid={UID}",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                HOLD,
+                str(live),
+                str(mapped),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "ready"
@@ -75,8 +88,13 @@ def test_shm_clean_removes_only_stale_segments_of_its_user():
         assert foreign.exists(), "another user's file removed"
 
         # As root it refuses outright.
-        result = subprocess.run([sys.executable, str(FILES / "vllm-server-shm-clean")],
-                                capture_output=True, text=True, check=False, timeout=60)
+        result = subprocess.run(
+            [sys.executable, str(FILES / "vllm-server-shm-clean")],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
         assert result.returncode == 0
         assert "refusing to run as root" in result.stdout
         assert foreign.exists()
@@ -95,7 +113,12 @@ def test_shm_clean_removes_only_stale_segments_of_its_user():
 
 
 def test_wait_healthy_usage():
-    result = subprocess.run([sys.executable, str(FILES / "vllm-server-wait-healthy")],
-                            capture_output=True, text=True, check=False, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(FILES / "vllm-server-wait-healthy")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 64
     assert "Usage: vllm-server-wait-healthy UNIT URL TIMEOUT_SECONDS" in result.stderr

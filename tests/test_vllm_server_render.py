@@ -41,9 +41,23 @@ def _playbook(tmp_path: Path, plays: list[dict], extra: dict, *args: str):
     extra_file = tmp_path / "extra.json"
     extra_file.write_text(json.dumps(extra))
     return subprocess.run(
-        [str(ANSIBLE_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"@{extra_file}", *args, str(book)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300, check=False,
+        [
+            str(ANSIBLE_BIN / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"@{extra_file}",
+            *args,
+            str(book),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -59,11 +73,13 @@ def render(tmp_path: Path, **extra) -> tuple[str, str]:
         "tasks": [
             {
                 "name": f"Render {name}",
-                "ansible.builtin.template": {"src": str(ROLE / "templates" / src),
-                                             "dest": str(out / name), "mode": "0600"},
+                "ansible.builtin.template": {
+                    "src": str(ROLE / "templates" / src),
+                    "dest": str(out / name),
+                    "mode": "0600",
+                },
             }
-            for src, name in (("vllm-server.service.j2", "unit"),
-                              ("vllm-server.env.j2", "env"))
+            for src, name in (("vllm-server.service.j2", "unit"), ("vllm-server.env.j2", "env"))
         ],
     }
     result = _playbook(tmp_path, [play], extra)
@@ -95,19 +111,31 @@ def test_unit_with_defaults_cuda(tmp_path):
     assert "--enforce-eager" not in cmd
     assert "--max-model-len" not in cmd and "--served-model-name" not in cmd
     assert (
-        "--speculative-config '{\"method\":\"eagle3\",\"model\":\"/var/lib/specfleet/drafters/"
-        "current\",\"num_speculative_tokens\":3}'" in cmd
+        '--speculative-config \'{"method":"eagle3","model":"/var/lib/specfleet/drafters/'
+        'current","num_speculative_tokens":3}\'' in cmd
     )
     assert "--api-key" not in unit
     for line in (
-        "User=specfleet", "Group=specfleet", "Type=exec", "Restart=on-failure",
-        "KillMode=mixed", "TimeoutStopSec=120", "LimitMEMLOCK=infinity",
-        "LimitNOFILE=1048576", "StartLimitIntervalSec=3600", "StartLimitBurst=5",
-        "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+        "User=specfleet",
+        "Group=specfleet",
+        "Type=exec",
+        "Restart=on-failure",
+        "KillMode=mixed",
+        "TimeoutStopSec=120",
+        "LimitMEMLOCK=infinity",
+        "LimitNOFILE=1048576",
+        "StartLimitIntervalSec=3600",
+        "StartLimitBurst=5",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
         "ReadWritePaths=/var/lib/specfleet /var/cache/specfleet/vllm",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
-        "DevicePolicy=closed", "DeviceAllow=char-nvidia-frontend rw",
-        "DeviceAllow=char-nvidia-uvm rw", "EnvironmentFile=/etc/specfleet/specfleet-vllm.env",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia-frontend rw",
+        "DeviceAllow=char-nvidia-uvm rw",
+        "EnvironmentFile=/etc/specfleet/specfleet-vllm.env",
         "ExecStartPre=/opt/specfleet/venvs/current/bin/python "
         "/opt/specfleet/bin/vllm-server-shm-clean",
         "WantedBy=multi-user.target",
@@ -128,8 +156,11 @@ def test_unit_profile_cpu(tmp_path):
 
 
 def test_env_file(tmp_path):
-    _, env = render(tmp_path, vllm_server_api_key='s3cr"et\\x',
-                    vllm_server_environment={"VLLM_LOGGING_LEVEL": "DEBUG"})
+    _, env = render(
+        tmp_path,
+        vllm_server_api_key='s3cr"et\\x',
+        vllm_server_environment={"VLLM_LOGGING_LEVEL": "DEBUG"},
+    )
     lines = env.splitlines()
     assert "HF_HUB_OFFLINE=1" in lines
     assert 'VLLM_API_KEY="s3cr\\"et\\\\x"' in lines
@@ -148,8 +179,13 @@ def test_optional_arguments_and_quoting(tmp_path):
         vllm_server_max_model_len=4096,
         vllm_server_draft_tensor_parallel_size=1,
         vllm_server_num_speculative_tokens=5,
-        vllm_server_extra_args=["--max-num-seqs", "8", "--override-generation-config",
-                                '{"temperature": 0.5}', "100%"],
+        vllm_server_extra_args=[
+            "--max-num-seqs",
+            "8",
+            "--override-generation-config",
+            '{"temperature": 0.5}',
+            "100%",
+        ],
     )
     cmd = exec_start(unit)
     assert "--served-model-name 'tiny llama'" in cmd
@@ -172,16 +208,24 @@ def test_systemd_accepts_unit_and_exposure(tmp_path, accelerator):
     unit, _ = render(tmp_path, accelerator=accelerator)
     path = tmp_path / "specfleet-vllm.service"
     path.write_text(unit)
-    verify = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
-                            text=True, check=False)
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, check=False
+    )
     # The venv and helper are not on this machine; anything else is a unit error.
-    problems = [line for line in (verify.stdout + verify.stderr).splitlines()
-                if line.strip() and "is not executable" not in line
-                and "No such file or directory" not in line and "Command " not in line]
+    problems = [
+        line
+        for line in (verify.stdout + verify.stderr).splitlines()
+        if line.strip()
+        and "is not executable" not in line
+        and "No such file or directory" not in line
+        and "Command " not in line
+    ]
     assert not problems, problems
     security = subprocess.run(
         ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
     score = float(overall.split("service:")[1].split()[0])
@@ -196,12 +240,14 @@ def _role_play(tasks_from: str | None = None) -> list[dict]:
     include: dict = {"name": "vllm_server"}
     if tasks_from:
         include["tasks_from"] = tasks_from
-    return [{
-        "name": "Run vllm_server",
-        "hosts": "localhost",
-        "gather_facts": False,
-        "tasks": [{"name": "Include the role", "ansible.builtin.include_role": include}],
-    }]
+    return [
+        {
+            "name": "Run vllm_server",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [{"name": "Include the role", "ansible.builtin.include_role": include}],
+        }
+    ]
 
 
 @pytest.mark.parametrize(
@@ -236,22 +282,35 @@ def _drafter(tmp_path: Path, config: dict | None) -> Path:
 @pytest.mark.parametrize(
     ("extra", "config", "message"),
     [
-        ({"vllm_server_num_speculative_tokens": 17}, {"architectures": ["LlamaForCausalLMEagle3"]},
-         "num_speculative_tokens 1..16 (got 17)"),
-        ({"vllm_server_num_speculative_tokens": 0}, {"architectures": ["LlamaForCausalLMEagle3"]},
-         "num_speculative_tokens 1..16 (got 0)"),
+        (
+            {"vllm_server_num_speculative_tokens": 17},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "num_speculative_tokens 1..16 (got 17)",
+        ),
+        (
+            {"vllm_server_num_speculative_tokens": 0},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "num_speculative_tokens 1..16 (got 0)",
+        ),
         ({}, None, "config.json is missing"),
         ({}, {"architectures": ["LlamaForCausalLM"]}, "is not an EAGLE-3 drafter"),
-        ({"vllm_server_extra_args": ["--api-key", "x"]},
-         {"architectures": ["LlamaForCausalLMEagle3"]}, "never --api-key"),
-        ({"vllm_server_user": "root"}, {"architectures": ["LlamaForCausalLMEagle3"]},
-         "never runs as root"),
+        (
+            {"vllm_server_extra_args": ["--api-key", "x"]},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "never --api-key",
+        ),
+        (
+            {"vllm_server_user": "root"},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "never runs as root",
+        ),
     ],
 )
 def test_validation_rejects_before_changes(tmp_path, extra, config, message):
     drafter = _drafter(tmp_path, config)
-    result = _playbook(tmp_path, _role_play(),
-                       {"vllm_server_drafter": str(drafter), **extra}, "--check")
+    result = _playbook(
+        tmp_path, _role_play(), {"vllm_server_drafter": str(drafter), **extra}, "--check"
+    )
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
     assert message in " ".join(out.split())
@@ -276,9 +335,13 @@ def test_validation_accepts_eagle3_drafters(tmp_path, config):
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").symlink_to(sys.executable)
     result = _playbook(
-        tmp_path, _role_play("validate.yml"),
-        {"vllm_server_drafter": str(drafter), "vllm_server_model": str(model),
-         "vllm_server_venv": str(venv_bin.parent)},
+        tmp_path,
+        _role_play("validate.yml"),
+        {
+            "vllm_server_drafter": str(drafter),
+            "vllm_server_model": str(model),
+            "vllm_server_venv": str(venv_bin.parent),
+        },
         "--check",
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -302,20 +365,27 @@ def test_gate_reads_speculative_counters(tmp_path):
         "hosts": "localhost",
         "gather_facts": False,
         "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-        "tasks": [{
-            "name": "Write the sums",
-            "ansible.builtin.copy": {
-                "dest": str(tmp_path / "sums.json"), "mode": "0600",
-                "content": "{{ {'before': vllm_server__draft_before | float, "
-                           "'after': vllm_server__draft_after | float, "
-                           "'accepted': vllm_server__accepted_after | float} | to_json }}",
-            },
-        }],
+        "tasks": [
+            {
+                "name": "Write the sums",
+                "ansible.builtin.copy": {
+                    "dest": str(tmp_path / "sums.json"),
+                    "mode": "0600",
+                    "content": "{{ {'before': vllm_server__draft_before | float, "
+                    "'after': vllm_server__draft_after | float, "
+                    "'accepted': vllm_server__accepted_after | float} | to_json }}",
+                },
+            }
+        ],
     }
-    result = _playbook(tmp_path, [play], {
-        "vllm_server__metrics_before": {"content": "# nothing yet\n"},
-        "vllm_server__metrics_after": {"content": METRICS_SAMPLE},
-    })
+    result = _playbook(
+        tmp_path,
+        [play],
+        {
+            "vllm_server__metrics_before": {"content": "# nothing yet\n"},
+            "vllm_server__metrics_after": {"content": METRICS_SAMPLE},
+        },
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     sums = json.loads((tmp_path / "sums.json").read_text())
     assert sums == {"before": 0.0, "after": 72.0, "accepted": 12.0}
