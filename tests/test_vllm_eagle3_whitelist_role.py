@@ -1,5 +1,6 @@
-"""roles/vllm_eagle3_patch through ansible-playbook: reads the target model, notifies the
-server restart once, changes nothing on a second run, rejects bad variables up front."""
+"""roles/vllm_eagle3_patch through ansible-playbook: reads the target model, rewrites the
+edit record the server's restart follows, changes nothing on a second run, rejects bad
+variables up front. Runs without the vllm_server role in the play (no handler needed)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,12 @@ PLAYBOOK = """
     ansible_python_interpreter: {controller}
   roles:
     - role: vllm_eagle3_patch
-  handlers:
-    - name: Stand-in for the vllm_server role's restart
-      ansible.builtin.copy:
-        content: restarted
-        dest: {restarted}
-        mode: "0644"
-      listen: restart vllm server
 """
 
 
 def play(tmp_path: Path, extra: dict[str, object]) -> subprocess.CompletedProcess[str]:
     playbook = tmp_path / "play.yml"
-    playbook.write_text(
-        PLAYBOOK.format(
-            controller=REPO / ".venv" / "bin" / "python", restarted=tmp_path / "restarted"
-        )
-    )
+    playbook.write_text(PLAYBOOK.format(controller=REPO / ".venv" / "bin" / "python"))
     return subprocess.run(
         [
             str(REPO / ".venv" / "bin" / "ansible-playbook"),
@@ -71,28 +61,32 @@ def setup(tmp_path: Path) -> tuple[FakeVllm, dict[str, object]]:
     return vllm, {
         "vllm_eagle3_patch_python": str(vllm.python),
         "vllm_eagle3_patch_target_model": str(model),
+        "vllm_eagle3_patch_record": str(tmp_path / "eagle3-whitelist.json"),
     }
 
 
-def test_role_patches_notifies_and_is_idempotent(tmp_path: Path, setup) -> None:
+def test_role_patches_records_and_is_idempotent(tmp_path: Path, setup) -> None:
     vllm, extra = setup
     original = vllm.source.read_bytes()
+    record = Path(str(extra["vllm_eagle3_patch_record"]))
     first = play(tmp_path, extra)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert (tmp_path / "restarted").read_text() == "restarted"
     assert b'"mistral",  # specfleet' in vllm.source.read_bytes()
-    assert recap_changed(first.stdout) == 2  # the edit and the handler
+    assert recap_changed(first.stdout) == 2  # the edit and its record
+    edit = json.loads(record.read_text())
+    assert edit["vllm_version"] == "0.21.0"
+    assert edit["edited_at"]
+    assert "mistral" in json.dumps(edit["entries"])
 
-    (tmp_path / "restarted").unlink()
     second = play(tmp_path, extra)
     assert second.returncode == 0, second.stdout + second.stderr
     assert recap_changed(second.stdout) == 0
-    assert not (tmp_path / "restarted").exists()
+    assert json.loads(record.read_text()) == edit  # the server is not restarted
 
     third = play(tmp_path, {**extra, "vllm_eagle3_patch_state": "absent"})
     assert third.returncode == 0, third.stdout + third.stderr
     assert vllm.source.read_bytes() == original
-    assert (tmp_path / "restarted").exists()
+    assert json.loads(record.read_text())["edited_at"] != edit["edited_at"]
 
 
 def test_role_rejects_bad_variables(tmp_path: Path, setup) -> None:
