@@ -1,0 +1,51 @@
+"""The shipped inventories parse, and the example fleet's secret comes from its vault."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from specfleet.paths import repo_root
+
+ROOT = repo_root()
+BIN = Path(sys.executable).parent
+
+
+def inventory(*args: str) -> dict:
+    result = subprocess.run(
+        [str(BIN / "ansible-inventory"), *args, "--list"],
+        cwd=ROOT,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
+    hostvars = inventory("-i", "inventory/lab/hosts.yml")["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02"]
+    for host in hostvars.values():
+        assert host["accelerator"] == "cpu"
+        assert host["ansible_connection"] == "community.docker.docker"
+        assert host["vllm_server_model"] == "/var/lib/specfleet/lab/target"
+
+
+def test_example_fleet_reads_its_api_key_from_the_vault():
+    data = inventory(
+        "-i",
+        "inventory/example/hosts.yml",
+        "--vault-password-file",
+        "inventory/example/vault-password.example",
+    )
+    node = data["_meta"]["hostvars"]["gpu-node-01"]
+    assert node["accelerator"] == "cuda"
+    assert node["vllm_server_api_key"] == "{{ vault_vllm_server_api_key }}"
+    assert node["vault_vllm_server_api_key"] == "sk-example-not-a-real-key"
+    vault = (ROOT / "inventory/example/group_vars/gpu_hosts/vault.yml").read_text()
+    assert vault.startswith("$ANSIBLE_VAULT;1.1;AES256")
+    assert "sk-example" not in vault
