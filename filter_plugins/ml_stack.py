@@ -51,6 +51,12 @@ def stack_pin_version(pins: Iterable[str], package: str) -> str:
     return ""
 
 
+def stack_pins_without(pins: Iterable[str], packages: Iterable[str]) -> list[str]:
+    """The pins except those of `packages` (built on the host after the rest)."""
+    skip = {_normalise(name) for name in packages}
+    return [pin for pin in pins if _normalise(pin.partition("==")[0]) not in skip]
+
+
 def wheelhouse_missing(pins: Iterable[str], wheel_files: Iterable[str]) -> list[str]:
     """Pins that no wheel (or sdist) in the wheelhouse provides."""
     available = set()
@@ -125,6 +131,7 @@ class FilterModule:
             "stack_digest": stack_digest,
             "stack_pins": stack_pins,
             "stack_pin_version": stack_pin_version,
+            "stack_pins_without": stack_pins_without,
             "wheelhouse_missing": wheelhouse_missing,
             "flash_attn_wheel_mismatches": flash_attn_wheel_mismatches,
             "flash_attn_import_state": flash_attn_import_state,

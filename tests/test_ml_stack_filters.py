@@ -43,6 +43,12 @@ def test_pin_version_normalises_names():
     assert filters.stack_pin_version(pins, "vllm") == ""
 
 
+def test_host_built_packages_are_left_out_of_the_bulk_install():
+    pins = ["flash-attn==2.8.3", "torch==2.13.0", "vllm==0.32.0"]
+    assert filters.stack_pins_without(pins, ["flash_attn"]) == ["torch==2.13.0", "vllm==0.32.0"]
+    assert filters.stack_pins_without(pins, []) == pins
+
+
 def test_wheelhouse_missing_matches_real_wheel_names():
     pins = ["torch==2.13.0+cpu", "PyYAML==6.0.4", "outlines_core==0.2.14", "flash-attn==2.8.3"]
     files = [
