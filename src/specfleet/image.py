@@ -25,7 +25,8 @@ IMAGE_REPOSITORY = "specfleet/debian12-systemd"
 class ImageRecipe:
     suite: str = "bookworm"
     variant: str = "minbase"
-    mirror: str = "http://deb.debian.org/debian"
+    # Empty: debootstrap's own default mirror for the suite.
+    mirror: str = ""
     # What a bare cloud host has: systemd as PID 1, Python for Ansible, sudo.
     # python3-venv and iproute2 are there on every real Debian server image.
     include: tuple[str, ...] = (
@@ -72,7 +73,7 @@ def _debootstrap_tarball(recipe: ImageRecipe, tarball: Path) -> None:
                 f"--include={','.join(recipe.include)}",
                 recipe.suite,
                 str(rootfs),
-                recipe.mirror,
+                *([recipe.mirror] if recipe.mirror else []),
             ],
             check=True,
             stdout=subprocess.DEVNULL,
