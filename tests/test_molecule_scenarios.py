@@ -30,9 +30,11 @@ def base_image() -> str:
 
 @pytest.fixture(scope="session")
 def wheelhouse_root() -> Path:
-    """Every stack's wheelhouse: scenarios install the host stack offline from them."""
+    """The cpu stacks' wheelhouses: scenarios install the host stack offline from them."""
     for lock_file in sorted((ROOT / "locks").glob("*.toml")):
-        ensure_wheelhouse(StackSpec.load(lock_file.stem), StackLock.read(lock_file.stem))
+        spec = StackSpec.load(lock_file.stem)
+        if spec.profile == "cpu":
+            ensure_wheelhouse(spec, StackLock.read(spec.name))
     return cache_dir("wheelhouse")
 
 
