@@ -558,21 +558,28 @@ def _ours_in_boolop(node: ast.AST) -> tuple[ast.Compare, ast.List] | None:
         and isinstance(node.values[1].op, ast.Not)
     ):
         return None
-    call = node.values[1].operand
-    if not (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Name)
-        and call.func.id == "any"
-        and len(call.args) == 1
-        and isinstance(call.args[0], ast.GeneratorExp)
-    ):
+    generator = _any_generator(node.values[1].operand)
+    if generator is None:
         return None
-    gen = call.args[0].generators[0]
+    gen = generator.generators[0]
     if not (isinstance(gen.target, ast.Name) and gen.target.id == LOOP_VAR):
         return None
     if _str_list(gen.iter) is None:
         return None
     return node.values[0], gen.iter  # type: ignore[return-value]
+
+
+def _any_generator(node: ast.AST) -> ast.GeneratorExp | None:
+    """`any(<generator>)` -> the generator."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "any"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.GeneratorExp)
+    ):
+        return node.args[0]
+    return None
 
 
 def _llama_compare(node: ast.AST) -> bool:
@@ -590,16 +597,9 @@ def _any_over_name(node: ast.AST) -> str | None:
     """`not any(x in ...model_type for x in NAME)` -> NAME."""
     if not (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
         return None
-    call = node.operand
-    if not (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Name)
-        and call.func.id == "any"
-        and len(call.args) == 1
-        and isinstance(call.args[0], ast.GeneratorExp)
-    ):
+    gen = _any_generator(node.operand)
+    if gen is None:
         return None
-    gen = call.args[0]
     elt = gen.elt
     if not (
         isinstance(elt, ast.Compare)
