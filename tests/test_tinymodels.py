@@ -184,6 +184,31 @@ def test_same_seed_same_bytes_other_seed_other_weights(venv_python, llama, tmp_p
     assert other["drafter/model.safetensors"] != mine["drafter/model.safetensors"]
 
 
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header (8-byte length, then JSON)."""
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    return {name: meta["shape"] for name, meta in header.items() if name != "__metadata__"}
+
+
+@pytest.mark.slow
+def test_drafter_seed_changes_only_the_drafter_weights(venv_python, llama, tmp_path):
+    """What a retrained drafter is: same target, vocabulary and shapes, other weights."""
+    from stack_venv import generate_tiny_models
+
+    root, _ = llama
+    generate_tiny_models(venv_python, tmp_path / "retrained", "--drafter-seed", "1")
+    other, mine = _tree_digest(tmp_path / "retrained"), _tree_digest(root)
+    assert {k: v for k, v in other.items() if k.startswith("target/")} == {
+        k: v for k, v in mine.items() if k.startswith("target/")
+    }
+    assert other["drafter/config.json"] == mine["drafter/config.json"]
+    assert other["drafter/model.safetensors"] != mine["drafter/model.safetensors"]
+    assert _safetensors_shapes(tmp_path / "retrained" / "drafter" / "model.safetensors") == (
+        _safetensors_shapes(root / "drafter" / "model.safetensors")
+    )
+
+
 @pytest.mark.slow
 def test_files_readable_by_a_service_user(llama):
     root, _ = llama

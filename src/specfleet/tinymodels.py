@@ -69,6 +69,10 @@ class TinySpec:
     arch: str = "llama"
     layers: int = MIN_LAYERS
     seed: int = 0
+    # Seed of the drafter's weights alone (None: follow `seed`). Another value
+    # gives a drafter with the same shapes and vocabulary but other weights,
+    # as a retrained drafter would be.
+    drafter_seed: int | None = None
     hidden_size: int = 128
     intermediate_size: int = 256
     num_attention_heads: int = 4
@@ -340,7 +344,8 @@ def drafter_tensors(spec: TinySpec, draft_ids: Sequence[int]) -> dict[str, torch
     """Untrained EAGLE-3 weights in vLLM's native names and shapes."""
     import torch
 
-    generator = torch.Generator().manual_seed(spec.seed + 1)
+    weights_seed = spec.seed if spec.drafter_seed is None else spec.drafter_seed
+    generator = torch.Generator().manual_seed(weights_seed + 1)
     hidden, inter = spec.hidden_size, spec.intermediate_size
     q_out = spec.num_attention_heads * spec.head_dim
     kv_out = spec.num_key_value_heads * spec.head_dim
@@ -470,13 +475,21 @@ def _parser() -> argparse.ArgumentParser:
         help=f"target decoder layers (>= {MIN_LAYERS}, default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--drafter-seed",
+        type=int,
+        default=None,
+        help="seed of the drafter's weights alone (default: --seed); same shapes, other weights",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    spec = TinySpec(arch=args.arch, layers=args.layers, seed=args.seed)
+    spec = TinySpec(
+        arch=args.arch, layers=args.layers, seed=args.seed, drafter_seed=args.drafter_seed
+    )
     try:
         spec.check()
     except ValueError as error:
