@@ -23,7 +23,7 @@ docker_ensure() {
 
 docker_stop_if_started() {
     if [[ -n $SPECFLEET_DOCKERD_PID ]]; then
-        echo "specfleet: stopping the dockerd this run started" >&2
+        # Silent: pytest's summary stays the run's last line.
         kill "$SPECFLEET_DOCKERD_PID" 2>/dev/null || true
         wait "$SPECFLEET_DOCKERD_PID" 2>/dev/null || true
         SPECFLEET_DOCKERD_PID=""
