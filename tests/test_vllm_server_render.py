@@ -341,10 +341,36 @@ def test_validation_accepts_eagle3_drafters(tmp_path, config):
             "vllm_server_drafter": str(drafter),
             "vllm_server_model": str(model),
             "vllm_server_venv": str(venv_bin.parent),
+            # The account must exist (the common role makes it); nobody exists here.
+            "vllm_server_user": "nobody",
         },
         "--check",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_validation_requires_the_service_account(tmp_path):
+    drafter = _drafter(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"]})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    result = _playbook(
+        tmp_path,
+        _role_play("validate.yml"),
+        {
+            "vllm_server_drafter": str(drafter),
+            "vllm_server_model": str(model),
+            "vllm_server_venv": str(venv_bin.parent),
+            "vllm_server_user": "specfleet-no-such-account",
+        },
+        "--check",
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "specfleet-no-such-account does not exist: apply the common role first" in out
 
 
 METRICS_SAMPLE = """\
