@@ -317,6 +317,25 @@ def test_validation_rejects_before_changes(tmp_path, extra, config, message):
     assert "Create the service" not in out
 
 
+def _validate_on_a_ready_host(tmp_path, drafter_config, **extra):
+    """Run validate.yml where the target model and the stack's python exist."""
+    drafter = _drafter(tmp_path, drafter_config)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    variables = {
+        "vllm_server_drafter": str(drafter),
+        "vllm_server_model": str(model),
+        "vllm_server_venv": str(venv_bin.parent),
+        # The account must exist (the common role makes it); nobody exists here.
+        "vllm_server_user": "nobody",
+    }
+    return _playbook(tmp_path, _role_play("validate.yml"), {**variables, **extra}, "--check")
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -327,46 +346,15 @@ def test_validation_rejects_before_changes(tmp_path, extra, config, message):
     ],
 )
 def test_validation_accepts_eagle3_drafters(tmp_path, config):
-    drafter = _drafter(tmp_path, config)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    venv_bin = tmp_path / "venv" / "bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "python").symlink_to(sys.executable)
-    result = _playbook(
-        tmp_path,
-        _role_play("validate.yml"),
-        {
-            "vllm_server_drafter": str(drafter),
-            "vllm_server_model": str(model),
-            "vllm_server_venv": str(venv_bin.parent),
-            # The account must exist (the common role makes it); nobody exists here.
-            "vllm_server_user": "nobody",
-        },
-        "--check",
-    )
+    result = _validate_on_a_ready_host(tmp_path, config)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_validation_requires_the_service_account(tmp_path):
-    drafter = _drafter(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"]})
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    venv_bin = tmp_path / "venv" / "bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "python").symlink_to(sys.executable)
-    result = _playbook(
+    result = _validate_on_a_ready_host(
         tmp_path,
-        _role_play("validate.yml"),
-        {
-            "vllm_server_drafter": str(drafter),
-            "vllm_server_model": str(model),
-            "vllm_server_venv": str(venv_bin.parent),
-            "vllm_server_user": "specfleet-no-such-account",
-        },
-        "--check",
+        {"architectures": ["LlamaForCausalLMEagle3"]},
+        vllm_server_user="specfleet-no-such-account",
     )
     out = result.stdout + result.stderr
     assert result.returncode != 0
