@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_adhoc import run_adhoc
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "library" / "nvidia_gpu_facts.py"
@@ -155,36 +156,16 @@ def run_module_process(args: dict[str, object], tmp_path: Path) -> tuple[int, di
 def run_module_ansible(args: dict[str, object], tmp_path: Path) -> tuple[int, dict]:
     """Run the module through `ansible localhost -m nvidia_gpu_facts` (AnsiballZ)."""
     tree = tmp_path / "tree"
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
-        ANSIBLE_CALLBACK_TREE_DIR=str(tree),
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
-        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-    )
-    proc = subprocess.run(
-        [
-            str(VENV_BIN / "ansible"),
-            "localhost",
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            "-m",
-            "nvidia_gpu_facts",
-            "-a",
-            json.dumps(args),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = run_adhoc(
+        "nvidia_gpu_facts",
+        json.dumps(args),
+        env={
+            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
+            "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
+            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
+            "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+        },
     )
     result_file = tree / "localhost"
     assert result_file.exists(), proc.stdout + proc.stderr

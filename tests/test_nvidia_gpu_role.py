@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_adhoc import run_adhoc
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "nvidia_gpu"
@@ -543,29 +544,7 @@ def test_container_override_skips_with_message(tmp_path: Path):
 
 def host_is_container() -> bool:
     """What setup says about this machine (read-only)."""
-    proc = subprocess.run(
-        [
-            str(VENV_BIN / "ansible"),
-            "localhost",
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            "-m",
-            "ansible.builtin.setup",
-            "-a",
-            "gather_subset=!all,virtual",
-            "-o",
-        ],
-        cwd=REPO,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_adhoc("ansible.builtin.setup", "gather_subset=!all,virtual", options=("-o",))
     facts = json.loads(proc.stdout.split("=>", 1)[1])["ansible_facts"]
     return facts.get("ansible_virtualization_role") == "guest" and facts.get(
         "ansible_virtualization_type"

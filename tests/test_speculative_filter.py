@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from ansible_adhoc import run_adhoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "filter_plugins" / "speculative.py"
@@ -112,34 +111,15 @@ def test_eagle3_in_known_methods():
 
 
 def _ansible_debug(expression: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "filter_plugins"),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-    }
-    ansible = Path(sys.executable).with_name("ansible")
-    return subprocess.run(
-        [
-            str(ansible),
-            "localhost",
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-m",
-            "ansible.builtin.debug",
-            "-a",
-            f"msg={{{{ {expression} }}}}",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    return run_adhoc(
+        "ansible.builtin.debug",
+        f"msg={{{{ {expression} }}}}",
+        env={
+            "ANSIBLE_FILTER_PLUGINS": str(ROOT / "filter_plugins"),
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
+            "ANSIBLE_LOCALHOST_WARNING": "false",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+        },
     )
 
 
