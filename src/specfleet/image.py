@@ -13,7 +13,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specfleet.paths import cache_dir
@@ -43,7 +43,6 @@ class ImageRecipe:
     # `docker import` accepts only a few instructions (no STOPSIGNAL): the
     # stop signal for systemd is set where containers are created instead.
     docker_changes: tuple[str, ...] = ('CMD ["/lib/systemd/systemd"]',)
-    extra: dict[str, str] = field(default_factory=dict)
 
     def digest(self) -> str:
         text = json.dumps(asdict(self), sort_keys=True)
