@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_releases import EXPECTED_FILE, RELEASES, FakeVllm, run_module, run_real_check
+from vllm_releases import (
+    EXPECTED_FILE,
+    RELEASES,
+    FakeVllm,
+    run_module,
+    run_real_check,
+    stage_module,
+)
 
 # mistral: refused by every release with a check; qwen3_moe: matched by "qwen" from
 # 0.10.1.1; kimi_k2: listed from 0.18.0.
@@ -330,6 +337,9 @@ def test_fails_on_unreadable_file(public_tmp: Path) -> None:
         pytest.skip("needs root and a system python3 to run the module as another user")
     tmp_path = public_tmp
     vllm = FakeVllm(tmp_path / "0.21.0", "0.21.0", base=system_python)
+    code = tmp_path / "code"
+    code.mkdir()
+    module, pythonpath = stage_module(code)
     for path in tmp_path.rglob("*"):
         if not path.is_symlink():  # never the interpreter a venv links to
             path.chmod(0o755 if path.is_dir() else 0o644)
@@ -341,6 +351,8 @@ def test_fails_on_unreadable_file(public_tmp: Path) -> None:
         tmpdir=vllm.tmp,
         prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
         interpreter=system_python,
+        module=module,
+        pythonpath=pythonpath,
     )
     assert rc != 0, result
     assert "cannot read" in result["msg"] and "Permission denied" in result["msg"], result

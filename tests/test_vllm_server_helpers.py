@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -47,7 +48,19 @@ def as_uid(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_shm_clean_removes_only_stale_segments_of_its_user():
+@pytest.fixture
+def shm_clean_for_anyone():
+    """The cleaner copied where another uid can read it (the checkout may be root-only)."""
+    folder = Path(tempfile.mkdtemp(prefix="specfleet-test-"))
+    folder.chmod(0o755)
+    script = folder / "vllm-server-shm-clean"
+    shutil.copyfile(FILES / "vllm-server-shm-clean", script)
+    script.chmod(0o644)
+    yield script
+    shutil.rmtree(folder)
+
+
+def test_shm_clean_removes_only_stale_segments_of_its_user(shm_clean_for_anyone):
     with pytest.raises(KeyError):
         pwd.getpwuid(UID)
     tag = uuid.uuid4().hex[:8]
@@ -79,7 +92,7 @@ def test_shm_clean_removes_only_stale_segments_of_its_user():
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "ready"
 
-        result = as_uid(sys.executable, str(FILES / "vllm-server-shm-clean"))
+        result = as_uid(sys.executable, str(shm_clean_for_anyone))
         assert result.returncode == 0, result.stderr
         assert f"removed stale {stale}" in result.stdout
         assert not stale.exists()
@@ -102,7 +115,7 @@ def test_shm_clean_removes_only_stale_segments_of_its_user():
         # Once the holder is gone, its segments are stale too.
         holder.kill()
         holder.wait(timeout=30)
-        result = as_uid(sys.executable, str(FILES / "vllm-server-shm-clean"))
+        result = as_uid(sys.executable, str(shm_clean_for_anyone))
         assert not live.exists() and not mapped.exists(), result.stdout
     finally:
         if holder and holder.poll() is None:

@@ -189,6 +189,8 @@ def run_module(
     tmpdir: Path | None = None,
     prefix: tuple[str, ...] = (),
     interpreter: str = sys.executable,
+    module: Path = MODULE,
+    pythonpath: str | None = None,
 ) -> tuple[int, dict[str, object]]:
     """Run the module as Ansible runs a Python module: a process reading its arguments as
     JSON ({"ANSIBLE_MODULE_ARGS": ...}) and answering one JSON object on stdout."""
@@ -197,9 +199,9 @@ def run_module(
         internal |= {"_ansible_remote_tmp": str(tmpdir), "_ansible_tmpdir": str(tmpdir)}
     payload = json.dumps({"ANSIBLE_MODULE_ARGS": {**args, **internal}})
     proc = subprocess.run(
-        [*prefix, interpreter, str(MODULE)],
+        [*prefix, interpreter, str(module)],
         input=payload,
-        env={**os.environ, "PYTHONPATH": str(Path(ansible_path()).parent)},
+        env={**os.environ, "PYTHONPATH": pythonpath or str(Path(ansible_path()).parent)},
         capture_output=True,
         text=True,
         cwd="/",
@@ -210,6 +212,17 @@ def run_module(
     except ValueError as exc:
         raise AssertionError(f"no JSON from the module: {proc.stdout!r} {proc.stderr!r}") from exc
     return proc.returncode, result
+
+
+def stage_module(folder: Path) -> tuple[Path, str]:
+    """Copy the module and the ansible package it imports into folder, for a run as
+    another user (the checkout and its venv may be readable by root only).
+    Returns the module's path and the PYTHONPATH to give it."""
+    module = folder / MODULE.name
+    shutil.copyfile(MODULE, module)
+    pylib = folder / "pylib"
+    shutil.copytree(ansible_path(), pylib / "ansible", ignore=shutil.ignore_patterns("__pycache__"))
+    return module, str(pylib)
 
 
 def ansible_path() -> str:
