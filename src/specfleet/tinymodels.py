@@ -9,6 +9,8 @@ Everything is generated from a seed, offline, on a CPU, in a few seconds:
   (``LlamaForCausalLMEagle3``: one ``midlayer`` whose q/k/v projections take the
   embedding and the hidden state concatenated, ``fc`` folding three target hidden states
   into one, a reduced draft vocabulary with its ``d2t`` offsets);
+* ``OUT/prompts.jsonl``: a seeded chat dataset (one user turn per row) for the drafter
+  training pipeline, which regenerates the answers from the served target;
 * ``OUT/tinymodels.json``: what was generated, with the seed, for the record.
 
 The same seed, architecture and layer count give byte-identical files, so a re-run does not
@@ -82,6 +84,7 @@ class TinySpec:
     max_position_embeddings: int = 2048
     dtype: str = "bfloat16"
     corpus_sentences: int = 3000
+    prompts: int = 440
 
     def check(self) -> None:
         """Raise ValueError for a shape vLLM could not serve as EAGLE-3 target + drafter."""
@@ -417,6 +420,29 @@ def build_drafter(spec: TinySpec, tokenizer: Tokenizer, vocab_size: int, out: Pa
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# --------------------------------------------------------------------------- prompts
+
+
+def prompt_rows(seed: int = 0, rows: int = 440) -> Iterator[dict[str, Any]]:
+    """Yield chat rows (``{"id", "messages": [user turn]}``) drawn from :func:`corpus`.
+
+    Each prompt asks for a continuation of two or three corpus lines, so the target's
+    answers are in-distribution for its tokenizer.
+    """
+    rng = random.Random(seed + 1)
+    lines = list(corpus(seed, max(rows * 3, 300)))
+    for index in range(rows):
+        picked = " ".join(rng.sample(lines, rng.choice((2, 3))))
+        ask = rng.choice(("Continue:", "Go on:", "Say more:", "Next:"))
+        yield {"id": f"tiny-{index}", "messages": [{"role": "user", "content": f"{ask} {picked}"}]}
+
+
+def write_prompts(path: Path, seed: int, rows: int) -> None:
+    with path.open("w") as handle:
+        for row in prompt_rows(seed, rows):
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -437,12 +463,14 @@ def generate(out_dir: Path | str, spec: TinySpec | None = None) -> TinyModels:
     _save_tokenizer(tokenizer, target)
     vocab_size = build_target(spec, tokenizer, target)
     build_drafter(spec, tokenizer, vocab_size, drafter)
+    write_prompts(root / "prompts.jsonl", spec.seed, spec.prompts)
 
     result = TinyModels(root, target, drafter, vocab_size, spec.draft_vocab_size)
     manifest = {
         "spec": asdict(spec),
         "target": "target",
         "drafter": "drafter",
+        "prompts": "prompts.jsonl",
         "vocab_size": vocab_size,
     }
     (root / "tinymodels.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -450,6 +478,7 @@ def generate(out_dir: Path | str, spec: TinySpec | None = None) -> TinyModels:
     for path in (target, drafter, *target.rglob("*"), *drafter.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     (root / "tinymodels.json").chmod(0o644)
+    (root / "prompts.jsonl").chmod(0o644)
     return result
 
 
