@@ -1,0 +1,10 @@
+"""The EAGLE-3 drafter pipeline: prompts → responses → prepared data → hidden states →
+training → evaluation → export, each stage skipped when its manifest matches.
+
+Runs on the training host in the stack's virtualenv (``python -m specfleet.drafter``),
+with the vLLM project's ``speculators`` as the engine. Nothing here imports the
+controller's dependencies.
+"""
+
+#: Loaded by vLLM through ``kv_connector_module_path`` in profile ``cpu`` only.
+CPU_COMPAT_MODULE = "specfleet.drafter.cpu_compat"

@@ -1,0 +1,129 @@
+"""``python -m specfleet.drafter {check,status,run} --config RUN.json``.
+
+* ``check``: every reason the run cannot start (exit 2), or its id and estimates (exit 0);
+  changes nothing.
+* ``status``: the run id, whether it is complete, its result and the progress file;
+  changes nothing. The role reads this to decide whether to start the job.
+* ``run``: the pipeline, skipping finished stages; what the systemd job runs.
+
+Exit codes: 0 done, 1 a stage failed (a restart may help), 2 bad input (it will not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from specfleet.drafter.config import ConfigError, RunConfig
+from specfleet.drafter.inputs import TargetFacts, hidden_states_bytes, preflight, read_rows
+from specfleet.drafter.progress import Progress, write_json
+from specfleet.drafter.stages import STAGES, Context, is_done, plan, run_all
+
+BAD_INPUT = 2
+
+
+def _token_counter(target: str) -> Any:
+    """Count prompt tokens with the target's own tokenizer, when it loads."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except Exception:  # an estimate is still useful without it
+        return None
+    return lambda text: len(tokenizer(text)["input_ids"])
+
+
+def _context(config: RunConfig, progress_path: Path) -> tuple[Context, str]:
+    facts = TargetFacts.read(Path(config.target))
+    ctx = Context(config, facts, Progress(progress_path, "", [stage.name for stage in STAGES]))
+    run_id = plan(ctx)
+    ctx.progress.state["run_id"] = run_id
+    return ctx, run_id
+
+
+def _paths(config: RunConfig, run_id: str) -> tuple[Path, Path]:
+    work = Path(config.work_dir)
+    return work / "progress.json", work / "runs" / f"{run_id}.json"
+
+
+def check(config: RunConfig) -> int:
+    problems = preflight(config, _token_counter(config.target))
+    if problems:
+        print(json.dumps({"ok": False, "problems": problems}, indent=2))
+        return BAD_INPUT
+    ctx, run_id = _context(config, Path(config.work_dir) / "progress.json")
+    rows = list(read_rows(Path(config.dataset)))
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "run_id": run_id,
+                "rows": len(rows),
+                "hidden_states_bytes_estimate": hidden_states_bytes(config, ctx.facts, rows),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def status(config: RunConfig) -> int:
+    progress_path = Path(config.work_dir) / "progress.json"
+    ctx, run_id = _context(config, progress_path)
+    _, result_path = _paths(config, run_id)
+    progress = json.loads(progress_path.read_text()) if progress_path.is_file() else None
+    answer = {
+        "run_id": run_id,
+        "complete": result_path.is_file(),
+        "result": json.loads(result_path.read_text()) if result_path.is_file() else None,
+        "stages_done": [stage.name for stage in STAGES if is_done(ctx, stage.name)],
+        "keys": ctx.keys,
+        "progress": progress if progress and progress.get("run_id") == run_id else None,
+    }
+    print(json.dumps(answer, indent=2))
+    return 0
+
+
+def run(config: RunConfig) -> int:
+    problems = preflight(config, _token_counter(config.target))
+    if problems:
+        print("bad input, nothing started:\n- " + "\n- ".join(problems), file=sys.stderr)
+        return BAD_INPUT
+    progress_path = Path(config.work_dir) / "progress.json"
+    ctx, run_id = _context(config, progress_path)
+    _, result_path = _paths(config, run_id)
+    print(f"run {run_id}: stages under {ctx.work / 'stages'}", flush=True)
+    try:
+        result = run_all(ctx)
+    except Exception as error:
+        traceback.print_exc()
+        ctx.progress.finish("failed", f"{ctx.progress.state.get('stage')}: {error}")
+        return 1
+    write_json(result_path, {"run_id": run_id, **result})
+    ctx.progress.finish("done", f"drafter {result['drafter']}", result=str(result_path))
+    print(json.dumps({"run_id": run_id, **result}, indent=2))
+    return 0
+
+
+COMMANDS = {"check": check, "status": status, "run": run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specfleet.drafter", description=__doc__)
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--config", type=Path, required=True, help="the run's settings (JSON)")
+    args = parser.parse_args(argv)
+    try:
+        config = RunConfig.load(args.config)
+    except ConfigError as error:
+        print(f"bad input, nothing started: {error}", file=sys.stderr)
+        return BAD_INPUT
+    return COMMANDS[args.command](config)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

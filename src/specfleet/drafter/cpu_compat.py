@@ -1,0 +1,108 @@
+"""What vLLM and speculators need to run the drafter pipeline without an accelerator.
+
+Used only in profile ``cpu`` (the lab and CI). On GPU hosts both libraries run as they
+are and nothing here is imported. Nothing here edits an installed file: the connector is
+a subclass that vLLM loads by module path, and the training workarounds are attribute
+replacements made in the training process alone, before speculators' trainer is built.
+
+Each workaround names the upstream behaviour it works around (vLLM 0.32.0 CPU build,
+speculators 0.9.0, torch 2.13.0+cpu).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+    ExampleHiddenStatesConnector,
+    PendingSave,
+    extract_from_kv_cache,
+)
+
+#: The module path vLLM's ``kv_connector_module_path`` takes for :class:`CpuHiddenStatesConnector`.
+CONNECTOR_MODULE = __name__
+CONNECTOR_CLASS = "CpuHiddenStatesConnector"
+
+
+class _AlreadyDone:
+    """Stands in for the CUDA event the parent waits on: a CPU copy is done when made."""
+
+    @staticmethod
+    def query() -> bool:
+        return True
+
+    @staticmethod
+    def synchronize() -> None:
+        return None
+
+
+class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
+    """vLLM's hidden-states connector with a plain CPU copy.
+
+    Upstream: ``ExampleHiddenStatesConnector._submit_async_write`` copies the hidden
+    states on a CUDA stream into pinned host memory (``pin_memory=True``) and records CUDA
+    events; all three fail when torch has no accelerator. Here the KV cache already lives
+    in host memory, so the slice is cloned directly and the rest of the parent's
+    bookkeeping (lock file, writer thread, finished-request polling) is kept.
+    """
+
+    def _submit_async_write(self, pending: PendingSave) -> None:
+        if not self._is_tp_rank_zero:
+            return
+        assert self._kv_cache is not None
+        block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
+        offsets = torch.arange(self._block_size, dtype=torch.long)
+        slot_mapping = (offsets[None, :] + block_ids[:, None] * self._block_size).flatten()
+        hidden_states = extract_from_kv_cache(
+            self._kv_cache, slot_mapping, pending.token_ids.shape[0]
+        ).clone()
+        tensors = {"hidden_states": hidden_states, "token_ids": pending.token_ids.clone()}
+
+        os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+        lock_fd = self._lock_fds.pop(pending.req_id, None)
+        if lock_fd is None and self.use_lock:
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        done = _AlreadyDone()
+        future = self._executor.submit(
+            self._write_tensors, tensors, done, pending.filename, lock_fd
+        )
+        self._req_copy_events[pending.req_id] = done  # type: ignore[assignment]
+        self._req_futures[pending.req_id] = future
+        future.add_done_callback(lambda finished: self._on_write_done(pending.req_id, finished))
+
+
+def patch_speculators_training() -> None:
+    """Let speculators' single-process trainer run on the CPU.
+
+    Call before ``speculators.train.cli.main``; affects this process only.
+    """
+    import speculators.train.checkpointer as checkpointer
+    import speculators.train.trainer as trainer
+
+    # Upstream: Trainer moves the model and every batch with `.to(self.local_rank)`, an
+    # integer that torch reads as `cuda:<n>`. A device string works where an int did.
+    trainer.get_local_rank = lambda: "cpu"  # type: ignore[assignment]
+
+    # Upstream: Trainer picks the autocast device from
+    # `torch.accelerator.current_accelerator()` and falls back to "cuda", which autocast
+    # disables with a warning on a CPU-only torch; CPU autocast is what is meant.
+    original_init = trainer.Trainer.__init__
+
+    def init_on_cpu(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.device_type = "cpu"
+
+    trainer.Trainer.__init__ = init_on_cpu  # type: ignore[method-assign]
+
+    # Upstream: the step timer calls `torch.accelerator.synchronize()`, which raises when
+    # there is no accelerator; there is nothing to wait for on the CPU.
+    if not torch.accelerator.is_available():
+        torch.accelerator.synchronize = lambda *_args, **_kwargs: None  # type: ignore[assignment]
+
+    # Upstream: resuming maps the checkpoint onto `get_current_device()`, which answers
+    # "cuda:0" when there is no accelerator.
+    checkpointer.get_current_device = lambda: "cpu"  # type: ignore[assignment]

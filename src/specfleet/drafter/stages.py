@@ -1,0 +1,512 @@
+"""The pipeline's stages, each with declared inputs (upstream stages, settings) and outputs.
+
+A stage's key is the hash of its name, its upstream stages' keys and its settings; its
+outputs live in ``<work>/stages/<name>-<key>/`` and its ``manifest.json`` is written last.
+A stage whose manifest exists is skipped, so a re-run after a crash continues where it
+stopped, and a run that changes only the training settings reuses the responses and
+hidden states of an earlier one. The stages that take long resume inside themselves too:
+responses and hidden states skip rows already written, training loads its last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specfleet.drafter import server as servers
+from specfleet.drafter.config import RunConfig
+from specfleet.drafter.inputs import (
+    TargetFacts,
+    digest_of,
+    directory_digest,
+    layer_ids,
+    model_fingerprint,
+    read_rows,
+    sha256_file,
+)
+from specfleet.drafter.progress import Progress, write_json
+
+MANIFEST = "manifest.json"
+#: Files of a speculators checkpoint that make up the deployable drafter (the rest is
+#: optimizer and scheduler state, needed only to resume training).
+DRAFTER_FILES = ("config.json", "model.safetensors")
+
+
+class StageError(RuntimeError):
+    """A stage could not produce its outputs; the message says why."""
+
+
+@dataclass
+class Context:
+    """What every stage sees: the settings, the target's facts, the other stages' dirs."""
+
+    config: RunConfig
+    facts: TargetFacts
+    progress: Progress
+    keys: dict[str, str] = field(default_factory=dict)
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def work(self) -> Path:
+        return Path(self.config.work_dir)
+
+    @property
+    def logs(self) -> Path:
+        return self.work / "logs"
+
+    def manifest(self, stage: str) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.dirs[stage] / MANIFEST).read_text())
+        return data
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    upstream: tuple[str, ...]
+    settings: Callable[[Context], dict[str, Any]]
+    run: Callable[[Context, Path], dict[str, Any]]
+
+
+def run_tool(ctx: Context, stage: str, argv: list[str]) -> None:
+    """Run a pipeline tool (speculators' CLI, the trainer) with its output in the stage log."""
+    log_path = ctx.logs / f"{stage}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with log_path.open("ab") as log:
+        log.write(f"\n$ {' '.join(argv)}\n".encode())
+        log.flush()
+        result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if result.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise StageError(
+            f"{stage}: {Path(argv[2] if argv[1] == '-m' else argv[1]).name} exited with "
+            f"{result.returncode}; log {log_path}:\n" + "\n".join(tail)
+        )
+
+
+def speculators(*args: str) -> list[str]:
+    return [sys.executable, "-m", "speculators", *args]
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _prompts_settings(ctx: Context) -> dict[str, Any]:
+    return {
+        "dataset_sha256": sha256_file(Path(ctx.config.dataset)),
+        "heldout_prompts": ctx.config.heldout_prompts,
+        "seed": ctx.config.seed,
+    }
+
+
+def _prompts_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """Split the dataset: held-out prompts (evaluation only) and training prompts."""
+    rows = list(read_rows(Path(ctx.config.dataset)))
+    order = list(range(len(rows)))
+    random.Random(ctx.config.seed).shuffle(order)
+    heldout = set(order[: ctx.config.heldout_prompts])
+    with (out / "train.jsonl").open("w") as train, (out / "heldout.jsonl").open("w") as held:
+        for index, row in enumerate(rows):
+            (held if index in heldout else train).write(json.dumps(row) + "\n")
+    return {"train_rows": len(rows) - len(heldout), "heldout_rows": len(heldout)}
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def _responses_settings(ctx: Context) -> dict[str, Any]:
+    return {
+        "target": model_fingerprint(Path(ctx.config.target)),
+        "max_tokens": ctx.config.response_max_tokens,
+        "temperature": ctx.config.response_temperature,
+        "seed": ctx.config.seed,
+    }
+
+
+def _responses_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """The target answers the training prompts itself (on-policy samples)."""
+    outfile = out / "responses.jsonl"
+    sampling = {"temperature": ctx.config.response_temperature}
+    with servers.serve(ctx.config, servers.plain(), ctx.logs / "server-responses.log") as srv:
+        run_tool(
+            ctx,
+            "responses",
+            speculators(
+                "regenerate-responses",
+                "--endpoint",
+                f"{srv.base_url}/v1/chat/completions",
+                "--model",
+                srv.model,
+                "--dataset",
+                str(ctx.dirs["prompts"] / "train.jsonl"),
+                "--sampling-params",
+                json.dumps(sampling),
+                "--max-tokens",
+                str(ctx.config.response_max_tokens),
+                "--concurrency",
+                str(ctx.config.concurrency),
+                "--outfile",
+                str(outfile),
+                # Rows already in the file are kept: a crash loses only the rows in flight.
+                "--resume",
+            ),
+        )
+    rows = sum(1 for _ in read_rows(outfile)) if outfile.exists() else 0
+    if rows == 0:
+        raise StageError(f"responses: the target answered none of the prompts (see {outfile})")
+    return {"responses": rows}
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def _prepare_settings(ctx: Context) -> dict[str, Any]:
+    return {"seq_length": ctx.config.seq_length, "seed": ctx.config.seed}
+
+
+def _prepare_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """Tokenised rows with loss masks, and the token statistics for the draft vocabulary."""
+    data = out / "data"
+    shutil.rmtree(data, ignore_errors=True)  # prepare-data refuses a partly written dir
+    run_tool(
+        ctx,
+        "prepare",
+        speculators(
+            "prepare-data",
+            "--model",
+            ctx.config.target,
+            "--data",
+            str(ctx.dirs["responses"] / "responses.jsonl"),
+            "--output",
+            str(data),
+            "--seq-length",
+            str(ctx.config.seq_length),
+            "--seed",
+            str(ctx.config.seed),
+            "--num-preprocessing-workers",
+            str(min(os.cpu_count() or 1, 4)),
+            # The token frequencies are what maps the draft vocabulary (d2t).
+            "--no-skip-token-freq",
+        ),
+    )
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(data))
+    tokens = sum(len(ids) for ids in dataset["input_ids"])
+    return {"samples": len(dataset), "tokens": tokens}
+
+
+# --------------------------------------------------------------------------- hidden states
+
+
+def _hidden_settings(ctx: Context) -> dict[str, Any]:
+    return {
+        "layer_ids": layer_ids(ctx.config, ctx.facts),
+        "backend": ctx.config.hidden_states_backend,
+        "target": model_fingerprint(Path(ctx.config.target)),
+    }
+
+
+def _hidden_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """The target's hidden states at the taps and its last layer, one file per sample."""
+    taps = [*layer_ids(ctx.config, ctx.facts), ctx.facts.num_layers]
+    prepared = ctx.dirs["prepare"] / "data"
+    hidden = out / "hidden"
+    tokens = ctx.manifest("prepare")["outputs"]["tokens"]
+    started = time.monotonic()
+    if ctx.config.hidden_states_backend == "transformers":
+        from specfleet.drafter.hidden_states_hf import extract
+
+        extract(Path(ctx.config.target), prepared, hidden, taps, ctx.progress)
+    else:
+        staging = out / "staging"
+        spec = servers.hidden_states_extraction(ctx.config, taps, staging)
+        with servers.serve(ctx.config, spec, ctx.logs / "server-hidden-states.log") as srv:
+            started = time.monotonic()  # the figure is extraction, not server start-up
+            run_tool(
+                ctx,
+                "hidden_states",
+                speculators(
+                    "generate-offline-data",
+                    "--model",
+                    srv.model,
+                    "--endpoint",
+                    f"{srv.base_url}/v1",
+                    "--preprocessed-data",
+                    str(prepared),
+                    "--output",
+                    str(hidden),
+                    "--concurrency",
+                    str(ctx.config.concurrency),
+                    "--validate-outputs",
+                    "--fail-on-error",
+                ),
+            )
+        shutil.rmtree(staging, ignore_errors=True)
+    wall = time.monotonic() - started
+    files = len(list(hidden.glob("hs_*.safetensors")))
+    return {
+        "files": files,
+        "tokens": tokens,
+        "extraction_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1) if wall else None,
+        "bytes": sum(path.stat().st_size for path in hidden.glob("hs_*.safetensors")),
+    }
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _train_settings(ctx: Context) -> dict[str, Any]:
+    config = ctx.config
+    return {
+        "epochs": config.epochs,
+        "learning_rate": config.learning_rate,
+        "draft_vocab_size": config.draft_vocab_size,
+        "seq_length": config.seq_length,
+        "seed": config.seed,
+        "extra_args": config.train_extra_args,
+        "profile": config.profile,
+    }
+
+
+def latest_checkpoint(ckpt: Path) -> dict[str, Any] | None:
+    """The newest epoch checkpoint speculators wrote (what a restart resumes from)."""
+    states = []
+    for state in ckpt.glob("*/training_state.json"):
+        if state.parent.name.isdigit():
+            states.append(json.loads(state.read_text()) | {"dir": state.parent.name})
+    return max(states, key=lambda item: int(item["dir"]), default=None)
+
+
+def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """Fine-tune the drafter with speculators; resumes from its last checkpoint."""
+    config = ctx.config
+    data = out / "data"
+    data.mkdir(exist_ok=True)
+    # The trainer writes its vocabulary mapping next to the data: link the prepared
+    # files into a directory of this stage's own, so the prepare stage stays unchanged.
+    for item in (ctx.dirs["prepare"] / "data").iterdir():
+        link = data / item.name
+        if not link.exists():
+            link.symlink_to(item)
+    ckpt = out / "ckpt"
+    resumed = latest_checkpoint(ckpt)
+    if resumed:
+        with (out / "resumes.jsonl").open("a") as handle:
+            handle.write(json.dumps(resumed | {"at": time.time()}) + "\n")
+        ctx.progress.note(
+            f"resuming from checkpoint epoch {resumed['epoch']} "
+            f"(global step {resumed['global_step']})"
+        )
+    args = [
+        "--verifier-name-or-path",
+        config.target,
+        "--speculator-type",
+        "eagle3",
+        "--data-path",
+        str(data),
+        "--hidden-states-path",
+        str(ctx.dirs["hidden_states"] / "hidden"),
+        "--draft-vocab-size",
+        str(config.draft_vocab_size),
+        "--epochs",
+        str(config.epochs),
+        "--lr",
+        str(config.learning_rate),
+        "--total-seq-len",
+        str(config.seq_length),
+        "--seed",
+        str(config.seed),
+        "--save-path",
+        str(ckpt),
+        "--log-dir",
+        str(out / "logs"),
+    ]
+    if config.layer_ids:
+        args += ["--target-layer-ids", *map(str, config.layer_ids)]
+    started = time.monotonic()
+    run_tool(
+        ctx,
+        "train",
+        [
+            sys.executable,
+            "-m",
+            "specfleet.drafter.train_entry",
+            "--profile",
+            config.profile,
+            "--progress",
+            str(ctx.progress.path),
+            "--loss-log",
+            str(out / "loss.jsonl"),
+            "--",
+            *args,
+            *config.train_extra_args,
+        ],
+    )
+    wall = time.monotonic() - started
+    final = ckpt / str(config.epochs - 1)
+    if not (final / "model.safetensors").is_file():
+        raise StageError(f"train: no final checkpoint at {final}")
+    losses = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    steps = max(item["step"] for item in losses) + 1 if losses else 0
+    rates = [item["tokens_per_s"] for item in losses if item.get("tokens_per_s")]
+    return {
+        "checkpoint": str(final),
+        "steps": steps,
+        "resumes": [json.loads(line) for line in _lines(out / "resumes.jsonl")],
+        "wall_s": round(wall, 1),
+        "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        "final_loss": losses[-1]["loss"] if losses else None,
+    }
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _evaluate_settings(ctx: Context) -> dict[str, Any]:
+    baseline = ctx.config.baseline_drafter
+    return {
+        "num_speculative_tokens": ctx.config.num_speculative_tokens,
+        "max_tokens": ctx.config.eval_max_tokens,
+        "baseline": directory_digest(Path(baseline)) if baseline else None,
+    }
+
+
+def _evaluate_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """Serve the target with each drafter; measure acceptance from vLLM's own counters."""
+    from specfleet.drafter.evaluate import measure
+    from specfleet.drafter.report import write_report
+
+    candidate = out / "drafter"
+    shutil.rmtree(candidate, ignore_errors=True)
+    candidate.mkdir()
+    checkpoint = Path(ctx.manifest("train")["outputs"]["checkpoint"])
+    for name in DRAFTER_FILES:
+        shutil.copyfile(checkpoint / name, candidate / name)
+        (candidate / name).chmod(0o644)
+    prompts = [row["messages"] for row in read_rows(ctx.dirs["prompts"] / "heldout.jsonl")]
+    drafters = {"candidate": candidate}
+    if ctx.config.baseline_drafter:
+        drafters = {"baseline": Path(ctx.config.baseline_drafter), **drafters}
+    results = {
+        name: measure(ctx.config, drafter, prompts, ctx.logs / f"server-eval-{name}.log")
+        for name, drafter in drafters.items()
+    }
+    report = write_report(
+        out,
+        results,
+        losses=[json.loads(line) for line in _lines(ctx.dirs["train"] / "loss.jsonl")],
+        stage_walls={
+            name: ctx.manifest(name)["wall_s"]
+            for name in ("prompts", "responses", "prepare", "hidden_states", "train")
+        },
+        figures={
+            "hidden_states": ctx.manifest("hidden_states")["outputs"],
+            "train": ctx.manifest("train")["outputs"],
+        },
+        heldout_prompts=len(prompts),
+    )
+    return {"report": str(report), **results}
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _export_run(ctx: Context, out: Path) -> dict[str, Any]:
+    """Store the evaluated drafter under its content hash, the report next to it."""
+    evaluated = ctx.dirs["evaluate"] / "drafter"
+    digest = directory_digest(evaluated)
+    store = Path(ctx.config.store_dir)
+    store.mkdir(parents=True, exist_ok=True)
+    final = store / digest
+    if not final.is_dir():
+        temp = store / f".{digest}.partial"
+        shutil.rmtree(temp, ignore_errors=True)
+        shutil.copytree(evaluated, temp)
+        temp.chmod(0o755)
+        os.replace(temp, final)
+    for item in ctx.dirs["evaluate"].iterdir():
+        if item.name.startswith("report"):
+            shutil.copyfile(item, store / f"{digest}.{item.name}")
+    evaluation = ctx.manifest("evaluate")["outputs"]
+    return {
+        "drafter": str(final),
+        "digest": digest,
+        "report": str(store / f"{digest}.report.json"),
+        "candidate": evaluation["candidate"],
+        "baseline": evaluation.get("baseline"),
+    }
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("prompts", (), _prompts_settings, _prompts_run),
+    Stage("responses", ("prompts",), _responses_settings, _responses_run),
+    Stage("prepare", ("responses",), _prepare_settings, _prepare_run),
+    Stage("hidden_states", ("prepare",), _hidden_settings, _hidden_run),
+    Stage("train", ("prepare", "hidden_states"), _train_settings, _train_run),
+    Stage("evaluate", ("prompts", "train"), _evaluate_settings, _evaluate_run),
+    Stage("export", ("evaluate",), lambda _ctx: {}, _export_run),
+)
+
+
+def plan(ctx: Context) -> str:
+    """Compute every stage's key and directory; return the run id (the last key)."""
+    for stage in STAGES:
+        inputs = {
+            "stage": stage.name,
+            "upstream": {name: ctx.keys[name] for name in stage.upstream},
+            "settings": stage.settings(ctx),
+        }
+        ctx.keys[stage.name] = digest_of(inputs)
+        ctx.dirs[stage.name] = ctx.work / "stages" / f"{stage.name}-{ctx.keys[stage.name]}"
+    return ctx.keys[STAGES[-1].name]
+
+
+def is_done(ctx: Context, stage: str) -> bool:
+    manifest = ctx.dirs[stage] / MANIFEST
+    if not manifest.is_file():
+        return False
+    return bool(json.loads(manifest.read_text()).get("key") == ctx.keys[stage])
+
+
+def run_all(ctx: Context) -> dict[str, Any]:
+    """Run every stage whose manifest is missing, in order; return the export's outputs."""
+    for stage in STAGES:
+        if is_done(ctx, stage.name):
+            ctx.progress.stage(stage.name, skipped=True)
+            continue
+        ctx.progress.stage(stage.name)
+        out = ctx.dirs[stage.name]
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        outputs = stage.run(ctx, out)
+        wall = time.monotonic() - started
+        ctx.progress.stage_done(stage.name, wall)
+        write_json(
+            out / MANIFEST,
+            {
+                "stage": stage.name,
+                "key": ctx.keys[stage.name],
+                "upstream": {name: ctx.keys[name] for name in stage.upstream},
+                "settings": stage.settings(ctx),
+                "outputs": outputs,
+                "wall_s": round(wall, 1),
+                "finished": time.time(),
+            },
+        )
+    return ctx.manifest(STAGES[-1].name)["outputs"]

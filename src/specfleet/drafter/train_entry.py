@@ -1,0 +1,64 @@
+"""The training process: speculators' trainer, reporting into the run's progress file.
+
+``python -m specfleet.drafter.train_entry --profile P --progress FILE --loss-log FILE --
+<speculators train arguments>``. A process of its own, so that the CPU workarounds touch
+nothing but it and the memory it takes is returned when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from specfleet.drafter.progress import Progress, TrainingMetricsHandler
+
+CPU_TRAIN_ARGS = [
+    # FlexAttention's backward and the fused Triton loss kernel do not run on a CPU.
+    "--draft-attn-impl",
+    "sdpa",
+    "--loss-implementation",
+    "eager",
+    # Dataloader worker processes only add start-up time on a couple of cores.
+    "--num-workers",
+    "0",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specfleet.drafter.train_entry")
+    parser.add_argument("--profile", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--progress", type=Path, required=True)
+    parser.add_argument("--loss-log", type=Path, required=True)
+    parser.add_argument("train_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    train_args = [word for word in args.train_args if word != "--"]
+
+    if args.profile == "cpu":
+        from specfleet.drafter.cpu_compat import patch_speculators_training
+
+        patch_speculators_training()
+        train_args = CPU_TRAIN_ARGS + train_args
+
+    import speculators.train.trainer as trainer
+    from speculators.train.cli import main as train
+    from speculators.train.config import TrainConfig
+
+    handler = TrainingMetricsHandler(Progress.attach(args.progress), args.loss_log)
+
+    # Hooked where the trainer is built: by then speculators has configured its metric
+    # loggers (which replaces their handlers) and the total step count is known.
+    original_init = trainer.Trainer.__init__
+
+    def init_with_total(self: trainer.Trainer, *init_args: object, **kwargs: object) -> None:
+        original_init(self, *init_args, **kwargs)
+        handler.total_steps = len(self.train_loader) * self.config.num_epochs
+        logging.getLogger("speculators.metrics").addHandler(handler)
+
+    trainer.Trainer.__init__ = init_with_total  # type: ignore[method-assign]
+    train(TrainConfig.resolve(train_args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

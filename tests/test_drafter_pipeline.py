@@ -1,0 +1,187 @@
+"""The drafter pipeline's bookkeeping, without torch: settings, preflight, stage keys,
+vLLM's counters, progress. The pipeline itself runs for real in the Molecule scenario
+``drafter_training``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specfleet.drafter.config import ConfigError, RunConfig
+from specfleet.drafter.evaluate import acceptance
+from specfleet.drafter.inputs import TargetFacts, default_layer_ids, preflight
+from specfleet.drafter.progress import Progress
+from specfleet.drafter.server import counters
+from specfleet.drafter.stages import STAGES, Context, latest_checkpoint, plan
+
+
+def make_target(root: Path, layers: int = 8, vocab: int = 785, hidden: int = 128) -> Path:
+    target = root / "target"
+    target.mkdir(parents=True)
+    config = {"num_hidden_layers": layers, "hidden_size": hidden, "vocab_size": vocab}
+    (target / "config.json").write_text(json.dumps(config))
+    (target / "model.safetensors").write_bytes(b"\0" * 64)
+    return target
+
+
+def make_dataset(root: Path, rows: int = 60) -> Path:
+    dataset = root / "prompts.jsonl"
+    with dataset.open("w") as handle:
+        for index in range(rows):
+            row = {"messages": [{"role": "user", "content": f"Say something about {index}."}]}
+            handle.write(json.dumps(row) + "\n")
+    return dataset
+
+
+def settings(tmp_path: Path, **overrides: Any) -> RunConfig:
+    data: dict[str, Any] = {
+        "target": str(make_target(tmp_path)),
+        "dataset": str(make_dataset(tmp_path)),
+        "profile": "cpu",
+        "work_dir": str(tmp_path / "work"),
+        "store_dir": str(tmp_path / "store"),
+        **overrides,
+    }
+    return RunConfig.from_dict(data)
+
+
+def test_settings_reject_unknown_and_out_of_range_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown setting"):
+        settings(tmp_path, epoch=3)
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        RunConfig.from_dict({"target": "/t", "dataset": "/d", "num_speculative_tokens": 0})
+    with pytest.raises(ConfigError, match="'dataset' must be set"):
+        RunConfig.from_dict({"target": "/t", "dataset": ""})
+
+
+def test_good_input_passes_preflight(tmp_path: Path) -> None:
+    assert preflight(settings(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("missing dataset", "does not exist"),
+        ("empty dataset", "is empty"),
+        ("shallow target", "too few for the default taps"),
+        ("large draft vocabulary", "larger than the target's vocabulary"),
+    ],
+)
+def test_bad_input_is_named(tmp_path: Path, change: str, expected: str) -> None:
+    config = settings(tmp_path)
+    if change == "missing dataset":
+        Path(config.dataset).unlink()
+    elif change == "empty dataset":
+        Path(config.dataset).write_text("\n")
+    elif change == "shallow target":
+        shutil.rmtree(config.target)
+        make_target(tmp_path, layers=4)
+    else:
+        config = settings(tmp_path / "other", draft_vocab_size=4096)
+    problems = preflight(config)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_too_little_disk_is_named_with_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = settings(tmp_path)
+    free = shutil.disk_usage(tmp_path)._replace(free=1 << 20)
+    monkeypatch.setattr("specfleet.drafter.inputs.shutil.disk_usage", lambda _path: free)
+    (problem,) = preflight(config, count_tokens=lambda _text: 10)
+    # 60 rows x (10 prompt + 128 response tokens) x 4 layers x 128 x 2 bytes = 8.1 MiB
+    assert "too little disk" in problem and "8.1 MiB needed" in problem, problem
+
+
+def test_default_taps_are_vllms() -> None:
+    assert default_layer_ids(8) == [2, 4, 5]
+    assert default_layer_ids(61) == [2, 30, 58]
+
+
+def context(config: RunConfig) -> Context:
+    facts = TargetFacts.read(Path(config.target))
+    progress = Progress(Path(config.work_dir) / "progress.json", "", [s.name for s in STAGES])
+    return Context(config, facts, progress)
+
+
+def test_run_id_is_stable_and_only_changed_stages_get_new_keys(tmp_path: Path) -> None:
+    base = settings(tmp_path)
+    first, again = context(base), context(base)
+    assert plan(first) == plan(again)
+    longer = context(RunConfig.from_dict({**base.as_dict(), "epochs": 12}))
+    assert plan(longer) != plan(first)
+    for stage in ("prompts", "responses", "prepare", "hidden_states"):
+        assert longer.keys[stage] == first.keys[stage], stage
+    for stage in ("train", "evaluate", "export"):
+        assert longer.keys[stage] != first.keys[stage], stage
+
+
+def test_a_changed_dataset_changes_every_stage(tmp_path: Path) -> None:
+    config = settings(tmp_path)
+    before = context(config)
+    plan(before)
+    with Path(config.dataset).open("a") as handle:
+        handle.write(json.dumps({"prompt": "one more"}) + "\n")
+    after = context(config)
+    plan(after)
+    assert all(after.keys[s.name] != before.keys[s.name] for s in STAGES)
+
+
+METRICS = """\
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafted}
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} {p2}
+vllm:spec_decode_num_drafts_created{{engine="0",model_name="m"}} 1.7e9
+"""
+
+
+def test_acceptance_comes_from_the_counter_deltas() -> None:
+    before = counters(METRICS.format(drafts=10, drafted=30, accepted=5, p0=3, p1=1, p2=1))
+    after = counters(
+        METRICS.format(drafts=948, drafted=2844, accepted=1627, p0=766, p1=458, p2=403)
+    )
+    figures = acceptance(before, after, positions=3)
+    assert figures["drafts"] == 938
+    assert figures["acceptance_rate"] == round(1622 / 2814, 4)
+    assert figures["mean_acceptance_length"] == round(1 + 1622 / 938, 4)
+    assert figures["acceptance_by_position"] == [round(n / 938, 4) for n in (763, 457, 402)]
+
+
+def test_no_drafts_means_speculation_did_not_run() -> None:
+    same = counters(METRICS.format(drafts=4, drafted=12, accepted=0, p0=0, p1=0, p2=0))
+    with pytest.raises(RuntimeError, match="no drafts"):
+        acceptance(same, same, positions=3)
+
+
+def test_latest_checkpoint_is_what_a_restart_resumes_from(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None
+    for epoch, step in ((0, 76), (1, 152), (10, 836)):
+        (tmp_path / str(epoch)).mkdir()
+        state = {"epoch": epoch, "local_step": 0, "global_step": step}
+        (tmp_path / str(epoch) / "training_state.json").write_text(json.dumps(state))
+    (tmp_path / "checkpoint_best").symlink_to("1")
+    assert latest_checkpoint(tmp_path) == {
+        "epoch": 10,
+        "local_step": 0,
+        "global_step": 836,
+        "dir": "10",
+    }
+
+
+def test_progress_estimates_time_left(tmp_path: Path) -> None:
+    progress = Progress(tmp_path / "progress.json", "run", ["train"])
+    progress.stage("train")
+    progress.step(10, 100, loss=0.5, tokens_per_s=1000.0)
+    progress.step(20, 100, loss=0.4, tokens_per_s=1000.0)
+    state = json.loads((tmp_path / "progress.json").read_text())
+    assert state["stage"] == "train" and state["step"] == 20 and state["total"] == 100
+    assert state["eta_s"] is not None and state["eta_s"] >= 0
+    assert Progress.attach(tmp_path / "progress.json").state["run_id"] == "run"
