@@ -59,7 +59,9 @@ def test_settings_reject_unknown_and_out_of_range_values(tmp_path: Path) -> None
 
 
 def test_good_input_passes_preflight(tmp_path: Path) -> None:
-    assert preflight(settings(tmp_path)) == []
+    report = preflight(settings(tmp_path))
+    assert report.problems == []
+    assert report.rows == 60 and report.hidden_states_bytes
 
 
 @pytest.mark.parametrize(
@@ -82,7 +84,7 @@ def test_bad_input_is_named(tmp_path: Path, change: str, expected: str) -> None:
         make_target(tmp_path, layers=4)
     else:
         config = settings(tmp_path / "other", draft_vocab_size=4096)
-    problems = preflight(config)
+    problems = preflight(config).problems
     assert len(problems) == 1 and expected in problems[0], problems
 
 
@@ -92,7 +94,7 @@ def test_too_little_disk_is_named_with_the_estimate(
     config = settings(tmp_path)
     free = shutil.disk_usage(tmp_path)._replace(free=1 << 20)
     monkeypatch.setattr("specfleet.drafter.inputs.shutil.disk_usage", lambda _path: free)
-    (problem,) = preflight(config, count_tokens=lambda _text: 10)
+    (problem,) = preflight(config, count_tokens=lambda _text: 10).problems
     # 60 rows x (10 prompt + 128 response tokens) x 4 layers x 128 x 2 bytes = 8.1 MiB
     assert "too little disk" in problem and "8.1 MiB needed" in problem, problem
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specfleet.drafter.config import ConfigError, RunConfig
-from specfleet.drafter.inputs import TargetFacts, hidden_states_bytes, preflight, read_rows
+from specfleet.drafter.inputs import TargetFacts, preflight
 from specfleet.drafter.progress import Progress, write_json
 from specfleet.drafter.stages import STAGES, Context, is_done, plan, run_all
 
@@ -37,44 +37,39 @@ def _token_counter(target: str) -> Any:
     return lambda text: len(tokenizer(text)["input_ids"])
 
 
-def _context(config: RunConfig, progress_path: Path) -> tuple[Context, str]:
+def _progress_path(config: RunConfig) -> Path:
+    return Path(config.work_dir) / "progress.json"
+
+
+def _context(config: RunConfig) -> tuple[Context, str, Path]:
+    """The planned run: its context, its id and where its result is written."""
     facts = TargetFacts.read(Path(config.target))
-    ctx = Context(config, facts, Progress(progress_path, "", [stage.name for stage in STAGES]))
+    stages = [stage.name for stage in STAGES]
+    ctx = Context(config, facts, Progress(_progress_path(config), "", stages))
     run_id = plan(ctx)
     ctx.progress.state["run_id"] = run_id
-    return ctx, run_id
-
-
-def _paths(config: RunConfig, run_id: str) -> tuple[Path, Path]:
-    work = Path(config.work_dir)
-    return work / "progress.json", work / "runs" / f"{run_id}.json"
+    return ctx, run_id, ctx.work / "runs" / f"{run_id}.json"
 
 
 def check(config: RunConfig) -> int:
-    problems = preflight(config, _token_counter(config.target))
-    if problems:
-        print(json.dumps({"ok": False, "problems": problems}, indent=2))
+    report = preflight(config, _token_counter(config.target))
+    if report.problems:
+        print(json.dumps({"ok": False, "problems": report.problems}, indent=2))
         return BAD_INPUT
-    ctx, run_id = _context(config, Path(config.work_dir) / "progress.json")
-    rows = list(read_rows(Path(config.dataset)))
-    print(
-        json.dumps(
-            {
-                "ok": True,
-                "run_id": run_id,
-                "rows": len(rows),
-                "hidden_states_bytes_estimate": hidden_states_bytes(config, ctx.facts, rows),
-            },
-            indent=2,
-        )
-    )
+    _, run_id, _ = _context(config)
+    answer = {
+        "ok": True,
+        "run_id": run_id,
+        "rows": report.rows,
+        "hidden_states_bytes_estimate": report.hidden_states_bytes,
+    }
+    print(json.dumps(answer, indent=2))
     return 0
 
 
 def status(config: RunConfig) -> int:
-    progress_path = Path(config.work_dir) / "progress.json"
-    ctx, run_id = _context(config, progress_path)
-    _, result_path = _paths(config, run_id)
+    progress_path = _progress_path(config)
+    ctx, run_id, result_path = _context(config)
     progress = json.loads(progress_path.read_text()) if progress_path.is_file() else None
     answer = {
         "run_id": run_id,
@@ -89,13 +84,11 @@ def status(config: RunConfig) -> int:
 
 
 def run(config: RunConfig) -> int:
-    problems = preflight(config, _token_counter(config.target))
+    problems = preflight(config, _token_counter(config.target)).problems
     if problems:
         print("bad input, nothing started:\n- " + "\n- ".join(problems), file=sys.stderr)
         return BAD_INPUT
-    progress_path = Path(config.work_dir) / "progress.json"
-    ctx, run_id = _context(config, progress_path)
-    _, result_path = _paths(config, run_id)
+    ctx, run_id, result_path = _context(config)
     print(f"run {run_id}: stages under {ctx.work / 'stages'}", flush=True)
     try:
         result = run_all(ctx)

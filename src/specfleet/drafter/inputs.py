@@ -119,8 +119,17 @@ def user_text(row: dict[str, Any]) -> str:
     return " ".join(texts) or str(row.get("prompt", ""))
 
 
-def preflight(config: RunConfig, count_tokens: Any = None) -> list[str]:
-    """Every reason the run cannot start; empty when it can.
+@dataclass(frozen=True)
+class Preflight:
+    """Every reason the run cannot start (empty when it can), and what was counted."""
+
+    problems: list[str]
+    rows: int = 0
+    hidden_states_bytes: int | None = None
+
+
+def preflight(config: RunConfig, count_tokens: Any = None) -> Preflight:
+    """Check the run's inputs; the estimate is made once, with the tokenizer if given.
 
     ``count_tokens`` maps a prompt text to its token count (the target's tokenizer on
     the host); without it a prompt is estimated at one token per 3 bytes.
@@ -147,7 +156,7 @@ def preflight(config: RunConfig, count_tokens: Any = None) -> list[str]:
         problems.append(f"baseline drafter {config.baseline_drafter} has no config.json")
     if not (target / "config.json").is_file():
         problems.append(f"target {target} has no config.json")
-        return problems
+        return Preflight(problems, len(rows))
     facts = TargetFacts.read(target)
 
     taps = layer_ids(config, facts)
@@ -164,6 +173,7 @@ def preflight(config: RunConfig, count_tokens: Any = None) -> list[str]:
             f"vocabulary ({facts.vocab_size})"
         )
 
+    need = None
     if rows:
         need = hidden_states_bytes(config, facts, rows, count_tokens)
         work = _existing_parent(Path(config.work_dir))
@@ -174,7 +184,7 @@ def preflight(config: RunConfig, count_tokens: Any = None) -> list[str]:
                 f"(tokens x {len(taps) + 1} x hidden size {facts.hidden_size} x "
                 f"{HIDDEN_STATE_BYTES} bytes), {_gib(free)} free under {work}"
             )
-    return problems
+    return Preflight(problems, len(rows), need)
 
 
 def hidden_states_bytes(

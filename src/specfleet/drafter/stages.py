@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,22 @@ class StageError(RuntimeError):
 
 @dataclass
 class Context:
-    """What every stage sees: the settings, the target's facts, the other stages' dirs."""
+    """What every stage sees: the settings, the target's facts, the other stages' dirs.
+
+    ``plan`` fills ``inputs`` (what defines each stage), ``keys`` and ``dirs``.
+    """
 
     config: RunConfig
     facts: TargetFacts
     progress: Progress
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     dirs: dict[str, Path] = field(default_factory=dict)
+
+    @cached_property
+    def target_fingerprint(self) -> str:
+        """The target's identity, read once: two stages depend on it."""
+        return model_fingerprint(Path(self.config.target))
 
     @property
     def work(self) -> Path:
@@ -126,7 +136,7 @@ def _prompts_run(ctx: Context, out: Path) -> dict[str, Any]:
 
 def _responses_settings(ctx: Context) -> dict[str, Any]:
     return {
-        "target": model_fingerprint(Path(ctx.config.target)),
+        "target": ctx.target_fingerprint,
         "max_tokens": ctx.config.response_max_tokens,
         "temperature": ctx.config.response_temperature,
         "seed": ctx.config.seed,
@@ -213,7 +223,7 @@ def _hidden_settings(ctx: Context) -> dict[str, Any]:
     return {
         "layer_ids": layer_ids(ctx.config, ctx.facts),
         "backend": ctx.config.hidden_states_backend,
-        "target": model_fingerprint(Path(ctx.config.target)),
+        "target": ctx.target_fingerprint,
     }
 
 
@@ -472,6 +482,7 @@ def plan(ctx: Context) -> str:
             "upstream": {name: ctx.keys[name] for name in stage.upstream},
             "settings": stage.settings(ctx),
         }
+        ctx.inputs[stage.name] = inputs
         ctx.keys[stage.name] = digest_of(inputs)
         ctx.dirs[stage.name] = ctx.work / "stages" / f"{stage.name}-{ctx.keys[stage.name]}"
     return ctx.keys[STAGES[-1].name]
@@ -500,10 +511,8 @@ def run_all(ctx: Context) -> dict[str, Any]:
         write_json(
             out / MANIFEST,
             {
-                "stage": stage.name,
+                **ctx.inputs[stage.name],
                 "key": ctx.keys[stage.name],
-                "upstream": {name: ctx.keys[name] for name in stage.upstream},
-                "settings": stage.settings(ctx),
                 "outputs": outputs,
                 "wall_s": round(wall, 1),
                 "finished": time.time(),
