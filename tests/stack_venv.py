@@ -114,17 +114,24 @@ def seed_python() -> Path:
     )
 
 
-def generate_tiny_models(python: Path, out: Path, *args: str) -> dict[str, object]:
-    """Run ``python -m specfleet.tinymodels OUT ...`` in a vLLM venv; return its summary."""
+def run_json(python: Path, *args: str, timeout: int = 600) -> dict[str, object]:
+    """Run ``python ARGS`` (this project's src importable, offline); return the JSON it
+    prints on its last line. The pytest process has no torch: code that needs it runs here.
+    """
     env = {**os.environ, "PYTHONPATH": str(repo_root() / "src"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
-        [str(python), "-m", "specfleet.tinymodels", str(out), *args],
+        [str(python), *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     return summary
+
+
+def generate_tiny_models(python: Path, out: Path, *args: str) -> dict[str, object]:
+    """Run ``python -m specfleet.tinymodels OUT ...`` in a vLLM venv; return its summary."""
+    return run_json(python, "-m", "specfleet.tinymodels", str(out), *args)

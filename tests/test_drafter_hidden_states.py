@@ -8,13 +8,9 @@ the references with a plain transformers forward and prints what it found as JSO
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYER_IDS = [2, 4, 5, 8]
 HIDDEN = 128
 
@@ -99,23 +95,15 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    from stack_venv import generate_tiny_models, stack_python
+    from stack_venv import generate_tiny_models, run_json, stack_python
 
     python = stack_python("cpu")
     models = tmp_path_factory.mktemp("tiny")
     generate_tiny_models(python, models)
     work = tmp_path_factory.mktemp("hidden")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run(
-        [str(python), "-c", SCRIPT, str(models), str(work), json.dumps(LAYER_IDS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    return run_json(
+        python, "-c", SCRIPT, str(models), str(work), json.dumps(LAYER_IDS), timeout=300
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
