@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -83,7 +84,8 @@ def flash_attn_wheel_mismatches(wheel: str, venv: Mapping[str, Any]) -> list[str
     `venv` holds what the venv's interpreter reported: torch (e.g. "2.8.0"),
     cuda (e.g. "12.8"), cxx11abi (bool) and python (e.g. "cp312").
     """
-    filename = wheel.rsplit("/", 1)[-1]
+    # Release URLs quote the local version's "+" (flash_attn-2.8.3%2Bcu12torch2.8...).
+    filename = urllib.parse.unquote(wheel.rsplit("/", 1)[-1])
     match = _FLASH_ATTN_WHEEL.match(filename)
     if match is None:
         return [f"{filename} is not named like a flash-attn release wheel"]
@@ -119,10 +121,38 @@ def flash_attn_import_state(result: Mapping[str, Any]) -> str:
     return "broken"
 
 
-def flash_attn_max_jobs(cores: int, memory_mib: int, gib_per_job: int) -> int:
-    """Parallel nvcc jobs for a flash-attn build: bounded by cores and memory."""
-    by_memory = int(memory_mib) // (1024 * max(1, int(gib_per_job)))
-    return max(1, min(int(cores), by_memory))
+def flash_attn_max_jobs(
+    cores: int, memory_mib: int, gib_per_thread: int | float, nvcc_threads: int
+) -> int:
+    """Parallel compile jobs for a flash-attn build, bounded by cores and by memory.
+
+    Each job runs ``nvcc_threads`` nvcc threads (NVCC_THREADS), each taking about
+    ``gib_per_thread`` GiB at its peak, so a job needs their product.
+    """
+    per_job_mib = 1024 * max(1.0, float(gib_per_thread)) * max(1, int(nvcc_threads))
+    by_memory = int(int(memory_mib) // per_job_mib)
+    return max(1, min(int(cores) // max(1, int(nvcc_threads)) or 1, by_memory))
+
+
+#: flash-attn 2.8's build targets (FLASH_ATTN_CUDA_ARCHS): SASS for sm_80 runs on every
+#: 8.x GPU, likewise 10.x and 12.x; 9.0 is Hopper.
+_FLASH_ATTN_ARCH_BY_MAJOR = {8: "80", 9: "90", 10: "100", 12: "120"}
+
+
+def flash_attn_cuda_archs(capabilities: Iterable[str]) -> str:
+    """FLASH_ATTN_CUDA_ARCHS for the host's GPUs, from their compute capabilities ("9.0")."""
+    archs = set()
+    for capability in capabilities:
+        major = int(str(capability).split(".")[0])
+        if major not in _FLASH_ATTN_ARCH_BY_MAJOR:
+            raise AnsibleFilterError(
+                f"flash-attn 2 has no build for compute capability {capability} "
+                f"(it builds for {', '.join(_FLASH_ATTN_ARCH_BY_MAJOR.values())})"
+            )
+        archs.add(_FLASH_ATTN_ARCH_BY_MAJOR[major])
+    if not archs:
+        raise AnsibleFilterError("no GPU compute capability to build flash-attn for")
+    return ";".join(sorted(archs, key=int))
 
 
 class FilterModule:
@@ -136,4 +166,5 @@ class FilterModule:
             "flash_attn_wheel_mismatches": flash_attn_wheel_mismatches,
             "flash_attn_import_state": flash_attn_import_state,
             "flash_attn_max_jobs": flash_attn_max_jobs,
+            "flash_attn_cuda_archs": flash_attn_cuda_archs,
         }

@@ -1,5 +1,5 @@
 """The drafter pipeline's bookkeeping, without torch: settings, preflight, stage keys,
-vLLM's counters, progress. The pipeline itself runs for real in the Molecule scenario
+progress. The pipeline itself runs for real in the Molecule scenario
 ``drafter_training``."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 
 from specfleet.drafter.config import ConfigError, RunConfig
-from specfleet.drafter.evaluate import acceptance
 from specfleet.drafter.inputs import TargetFacts, default_layer_ids, preflight
 from specfleet.drafter.progress import Progress
-from specfleet.drafter.server import counters
 from specfleet.drafter.stages import STAGES, Context, latest_checkpoint, plan
 
 
@@ -41,7 +39,7 @@ def settings(tmp_path: Path, **overrides: Any) -> RunConfig:
     data: dict[str, Any] = {
         "target": str(make_target(tmp_path)),
         "dataset": str(make_dataset(tmp_path)),
-        "profile": "cpu",
+        "cpu_compat": True,
         "work_dir": str(tmp_path / "work"),
         "store_dir": str(tmp_path / "store"),
         **overrides,
@@ -49,13 +47,18 @@ def settings(tmp_path: Path, **overrides: Any) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
+PATHS = {"target": "/t", "dataset": "/d", "work_dir": "/w", "store_dir": "/s"}
+
+
 def test_settings_reject_unknown_and_out_of_range_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown setting"):
         settings(tmp_path, epoch=3)
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
-        RunConfig.from_dict({"target": "/t", "dataset": "/d", "num_speculative_tokens": 0})
+        RunConfig.from_dict({**PATHS, "num_speculative_tokens": 0})
     with pytest.raises(ConfigError, match="'dataset' must be set"):
-        RunConfig.from_dict({"target": "/t", "dataset": ""})
+        RunConfig.from_dict({**PATHS, "dataset": ""})
+    with pytest.raises(ConfigError, match="'work_dir' must be set"):
+        RunConfig.from_dict({**PATHS, "work_dir": ""})
 
 
 def test_good_input_passes_preflight(tmp_path: Path) -> None:
@@ -131,36 +134,6 @@ def test_a_changed_dataset_changes_every_stage(tmp_path: Path) -> None:
     after = context(config)
     plan(after)
     assert all(after.keys[s.name] != before.keys[s.name] for s in STAGES)
-
-
-METRICS = """\
-# TYPE vllm:spec_decode_num_drafts_total counter
-vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
-vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafted}
-vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} {p2}
-vllm:spec_decode_num_drafts_created{{engine="0",model_name="m"}} 1.7e9
-"""
-
-
-def test_acceptance_comes_from_the_counter_deltas() -> None:
-    before = counters(METRICS.format(drafts=10, drafted=30, accepted=5, p0=3, p1=1, p2=1))
-    after = counters(
-        METRICS.format(drafts=948, drafted=2844, accepted=1627, p0=766, p1=458, p2=403)
-    )
-    figures = acceptance(before, after, positions=3)
-    assert figures["drafts"] == 938
-    assert figures["acceptance_rate"] == round(1622 / 2814, 4)
-    assert figures["mean_acceptance_length"] == round(1 + 1622 / 938, 4)
-    assert figures["acceptance_by_position"] == [round(n / 938, 4) for n in (763, 457, 402)]
-
-
-def test_no_drafts_means_speculation_did_not_run() -> None:
-    same = counters(METRICS.format(drafts=4, drafted=12, accepted=0, p0=0, p1=0, p2=0))
-    with pytest.raises(RuntimeError, match="no drafts"):
-        acceptance(same, same, positions=3)
 
 
 def test_latest_checkpoint_is_what_a_restart_resumes_from(tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
     hostvars = inventory("-i", "inventory/lab/hosts.yml")["_meta"]["hostvars"]
     assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02"]
     for host in hostvars.values():
-        assert host["accelerator"] == "cpu"
+        assert host["specfleet_accelerator"] == "cpu"
         assert host["ansible_connection"] == "community.docker.docker"
-        assert host["vllm_server_model"] == "/var/lib/specfleet/lab/target"
+        assert host["specfleet_model"] == "/var/lib/specfleet/lab/target"
 
 
 def test_example_fleet_reads_its_api_key_from_the_vault():
@@ -43,7 +43,7 @@ def test_example_fleet_reads_its_api_key_from_the_vault():
         "inventory/example/vault-password.example",
     )
     node = data["_meta"]["hostvars"]["gpu-node-01"]
-    assert node["accelerator"] == "cuda"
+    assert node["specfleet_accelerator"] == "cuda"
     assert node["vllm_server_api_key"] == "{{ vault_vllm_server_api_key }}"
     assert node["vault_vllm_server_api_key"] == "sk-example-not-a-real-key"
     vault = (ROOT / "inventory/example/group_vars/gpu_hosts/vault.yml").read_text()

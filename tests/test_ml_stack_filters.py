@@ -111,8 +111,38 @@ def test_import_state_recognises_a_build_against_another_torch(result: dict, sta
 
 
 @pytest.mark.parametrize(
-    ("cores", "memory_mib", "jobs"),
-    [(224, 2_000_000, 224), (64, 65_536, 16), (16, 4_096, 1), (8, 1_024, 1)],
+    ("cores", "memory_mib", "threads", "jobs"),
+    [
+        # 224 cores, 2 TB: 112 jobs of 2 nvcc threads fit the cores and the memory
+        (224, 2_000_000, 2, 112),
+        # 64 GiB: 6 jobs of 2 threads at 5 GiB each (60 GiB); 4 GiB a job was the old guess
+        (64, 65_536, 2, 6),
+        (64, 65_536, 4, 3),
+        (16, 4_096, 2, 1),
+        (8, 1_024, 1, 1),
+    ],
 )
-def test_max_jobs_is_bounded_by_cores_and_memory(cores: int, memory_mib: int, jobs: int):
-    assert filters.flash_attn_max_jobs(cores, memory_mib, 4) == jobs
+def test_max_jobs_is_bounded_by_cores_and_memory(
+    cores: int, memory_mib: int, threads: int, jobs: int
+):
+    assert filters.flash_attn_max_jobs(cores, memory_mib, 5, threads) == jobs
+
+
+def test_release_url_with_a_quoted_plus_is_matched():
+    url = "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/" + (
+        RELEASE_WHEEL.replace("+", "%2B")
+    )
+    assert filters.flash_attn_wheel_mismatches(url, H100_VENV) == []
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "archs"),
+    [(["9.0"] * 8, "90"), (["8.0", "8.6"], "80"), (["10.0", "12.0", "9.0"], "90;100;120")],
+)
+def test_cuda_archs_come_from_the_gpus(capabilities: list[str], archs: str):
+    assert filters.flash_attn_cuda_archs(capabilities) == archs
+
+
+def test_cuda_archs_refuse_a_gpu_flash_attn_cannot_build_for():
+    with pytest.raises(AnsibleFilterError, match=r"compute capability 7\.5"):
+        filters.flash_attn_cuda_archs(["7.5"])

@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_adhoc import run_adhoc
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "filter_plugins" / "speculative.py"
 
 _spec = importlib.util.spec_from_file_location("specfleet_speculative_filter", PLUGIN)
@@ -106,26 +104,24 @@ def test_methods_without_drafter_need_no_model():
 
 
 def test_eagle3_in_known_methods():
-    assert "eagle3" in speculative.VLLM_SPECULATIVE_METHODS
-    assert speculative.DRAFT_CHECKPOINT_METHODS <= speculative.VLLM_SPECULATIVE_METHODS
+    from specfleet.speculative import DRAFT_CHECKPOINT_METHODS, VLLM_SPECULATIVE_METHODS
+
+    assert "eagle3" in VLLM_SPECULATIVE_METHODS
+    assert DRAFT_CHECKPOINT_METHODS <= VLLM_SPECULATIVE_METHODS
 
 
-def _ansible_debug(expression: str) -> subprocess.CompletedProcess[str]:
-    return run_adhoc(
+def _ansible_debug(ansible, expression: str) -> subprocess.CompletedProcess[str]:
+    return ansible.adhoc(
         "ansible.builtin.debug",
         f"msg={{{{ {expression} }}}}",
-        env={
-            "ANSIBLE_FILTER_PLUGINS": str(ROOT / "filter_plugins"),
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-            "ANSIBLE_LOCALHOST_WARNING": "false",
-            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-        },
+        env={"ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"},
     )
 
 
-def test_filter_through_ansible():
+def test_filter_through_ansible(ansible):
     result = _ansible_debug(
-        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 3} | speculative_config"
+        ansible,
+        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 3} | speculative_config",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # The default callback prints msg as a JSON string: quotes are escaped.
@@ -133,9 +129,11 @@ def test_filter_through_ansible():
     assert json.dumps(expected) in result.stdout
 
 
-def test_filter_error_through_ansible():
+def test_filter_error_through_ansible(ansible):
     result = _ansible_debug(
-        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 40} | speculative_config"
+        ansible,
+        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 40}"
+        " | speculative_config",
     )
     assert result.returncode != 0
     assert "num_speculative_tokens must be in 1..16, got 40" in result.stdout + result.stderr

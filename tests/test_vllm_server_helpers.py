@@ -17,8 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FILES = ROOT / "roles" / "vllm_server" / "files"
 UID = 61234  # no account; nothing else runs as it
 
@@ -123,15 +123,3 @@ def test_shm_clean_removes_only_stale_segments_of_its_user(shm_clean_for_anyone)
             holder.wait(timeout=30)
         for path in (stale, live, mapped, foreign):
             path.unlink(missing_ok=True)
-
-
-def test_wait_healthy_usage():
-    result = subprocess.run(
-        [sys.executable, str(FILES / "vllm-server-wait-healthy")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 64
-    assert "Usage: vllm-server-wait-healthy UNIT URL TIMEOUT_SECONDS" in result.stderr

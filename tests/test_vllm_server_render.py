@@ -14,62 +14,27 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ROLE = ROOT / "roles" / "vllm_server"
-ANSIBLE_BIN = Path(sys.executable).parent
+PROJECT_DEFAULTS = ROOT / "roles" / "specfleet" / "defaults" / "main.yml"
 
 
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "filter_plugins"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-        "ANSIBLE_NOCOLOR": "1",
-        # Modules on localhost run with the controller venv (pyenv shims may lie).
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-
-
-def _playbook(tmp_path: Path, plays: list[dict], extra: dict, *args: str):
-    book = tmp_path / "play.yml"
-    book.write_text(yaml.safe_dump(plays, sort_keys=False))
-    extra_file = tmp_path / "extra.json"
-    extra_file.write_text(json.dumps(extra))
-    return subprocess.run(
-        [
-            str(ANSIBLE_BIN / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"@{extra_file}",
-            *args,
-            str(book),
-        ],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def render(tmp_path: Path, **extra) -> tuple[str, str]:
-    """Render the unit and the environment file with the role's defaults and vars."""
-    out = tmp_path / "out"
+def render(ansible, **extra) -> tuple[str, str]:
+    """Render the unit and the environment file with the project's and the role's defaults,
+    its vars and its profile's vars (cuda unless ``specfleet_accelerator`` says otherwise)."""
+    out = ansible.tmp_path / "out"
     out.mkdir(exist_ok=True)
     play = {
         "name": "Render vllm_server templates",
         "hosts": "localhost",
         "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "vars_files": [
+            str(PROJECT_DEFAULTS),
+            str(ROLE / "defaults" / "main.yml"),
+            str(ROLE / "vars" / "main.yml"),
+            str(ROLE / "vars") + "/{{ specfleet_accelerator }}.yml",
+        ],
         "tasks": [
             {
                 "name": f"Render {name}",
@@ -82,7 +47,7 @@ def render(tmp_path: Path, **extra) -> tuple[str, str]:
             for src, name in (("vllm-server.service.j2", "unit"), ("vllm-server.env.j2", "env"))
         ],
     }
-    result = _playbook(tmp_path, [play], extra)
+    result = ansible.playbook([play], extra)
     assert result.returncode == 0, result.stdout + result.stderr
     return (out / "unit").read_text(), (out / "env").read_text()
 
@@ -97,8 +62,8 @@ def exec_start(unit: str) -> str:
 # --------------------------------------------------------------------------- unit
 
 
-def test_unit_with_defaults_cuda(tmp_path):
-    unit, env = render(tmp_path)
+def test_unit_with_defaults_cuda(ansible):
+    unit, env = render(ansible)
     cmd = exec_start(unit)
     assert cmd.startswith(
         "ExecStart=/opt/specfleet/venvs/current/bin/python -m vllm.entrypoints.openai.api_server"
@@ -133,8 +98,12 @@ def test_unit_with_defaults_cuda(tmp_path):
         "ReadWritePaths=/var/lib/specfleet /var/cache/specfleet/vllm",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
         "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia rw",
+        "DeviceAllow=char-nvidiactl rw",
         "DeviceAllow=char-nvidia-frontend rw",
         "DeviceAllow=char-nvidia-uvm rw",
+        "DeviceAllow=char-nvidia-caps r",
+        "Requires=specfleet-nvidia-devices.service",
         "EnvironmentFile=/etc/specfleet/specfleet-vllm.env",
         "ExecStartPre=/opt/specfleet/venvs/current/bin/python "
         "/opt/specfleet/bin/vllm-server-shm-clean",
@@ -142,22 +111,25 @@ def test_unit_with_defaults_cuda(tmp_path):
     ):
         assert line in unit.splitlines(), line
     assert "PrivateDevices" not in unit
+    assert "DeviceAllow=char-nvidia-nvswitch rw" not in unit  # fabric manager's, not vLLM's
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert 'CUDA_DEVICE_ORDER="PCI_BUS_ID"' in env.splitlines()
 
 
-def test_unit_profile_cpu(tmp_path):
-    unit, env = render(tmp_path, accelerator="cpu")
+def test_unit_profile_cpu(ansible):
+    unit, env = render(ansible, specfleet_accelerator="cpu")
     cmd = exec_start(unit)
     assert "--enforce-eager" in cmd
     assert "--gpu-memory-utilization" not in cmd
     assert "PrivateDevices=yes" in unit.splitlines()
     assert "DeviceAllow" not in unit
-    assert "VLLM_CPU_KVCACHE_SPACE=4" in env.splitlines()
+    assert 'VLLM_CPU_KVCACHE_SPACE="4"' in env.splitlines()
+    assert "Requires=" not in unit
 
 
-def test_env_file(tmp_path):
+def test_env_file(ansible):
     _, env = render(
-        tmp_path,
+        ansible,
         vllm_server_api_key='s3cr"et\\x',
         vllm_server_environment={"VLLM_LOGGING_LEVEL": "DEBUG"},
     )
@@ -167,18 +139,18 @@ def test_env_file(tmp_path):
     assert 'VLLM_LOGGING_LEVEL="DEBUG"' in lines
 
 
-def test_no_api_key_line_without_key(tmp_path):
-    _, env = render(tmp_path)
+def test_no_api_key_line_without_key(ansible):
+    _, env = render(ansible)
     assert "VLLM_API_KEY" not in env
 
 
-def test_optional_arguments_and_quoting(tmp_path):
+def test_optional_arguments_and_quoting(ansible):
     unit, _ = render(
-        tmp_path,
+        ansible,
         vllm_server_served_model_name="tiny llama",
         vllm_server_max_model_len=4096,
         vllm_server_draft_tensor_parallel_size=1,
-        vllm_server_num_speculative_tokens=5,
+        specfleet_num_speculative_tokens=5,
         vllm_server_extra_args=[
             "--max-num-seqs",
             "8",
@@ -196,20 +168,28 @@ def test_optional_arguments_and_quoting(tmp_path):
     assert " 100%% " in cmd + " "  # no systemd specifier expansion
 
 
-def test_speculation_off(tmp_path):
-    unit, _ = render(tmp_path, vllm_server_speculative_enabled=False)
+def test_speculation_off(ansible):
+    unit, _ = render(ansible, vllm_server_speculative_enabled=False)
     assert "--speculative-config" not in unit
     assert "EAGLE-3)" not in unit  # the description says what it serves
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 @pytest.mark.parametrize("accelerator", ["cpu", "cuda"])
-def test_systemd_accepts_unit_and_exposure(tmp_path, accelerator):
-    unit, _ = render(tmp_path, accelerator=accelerator)
+def test_systemd_accepts_unit_and_exposure(ansible, tmp_path, accelerator):
+    unit, _ = render(ansible, specfleet_accelerator=accelerator)
     path = tmp_path / "specfleet-vllm.service"
     path.write_text(unit)
+    # The unit the cuda profile requires (the nvidia_gpu role installs the real one).
+    (tmp_path / "specfleet-nvidia-devices.service").write_text(
+        "[Service]\nType=oneshot\nExecStart=/bin/true\n"
+    )
     verify = subprocess.run(
-        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, check=False
+        ["systemd-analyze", "verify", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
     )
     # The venv and helper are not on this machine; anything else is a unit error.
     problems = [
@@ -254,16 +234,16 @@ def _role_play(tasks_from: str | None = None) -> list[dict]:
     ("extra", "message"),
     [
         ({"vllm_server_speculative_method": "eagle"}, "vllm_server_speculative_method"),
-        ({"vllm_server_accelerator": "tpu"}, "vllm_server_accelerator"),
+        ({"specfleet_accelerator": "tpu"}, "specfleet_accelerator"),
         ({"vllm_server_port": "http"}, "vllm_server_port"),
         ({"vllm_server_dtype": "fp4"}, "vllm_server_dtype"),
-        ({"vllm_server_num_speculative_tokens": "many"}, "vllm_server_num_speculative_tokens"),
+        ({"specfleet_num_speculative_tokens": "many"}, "specfleet_num_speculative_tokens"),
         ({"vllm_server_extra_args": {"--enforce-eager": True}}, "vllm_server_extra_args"),
         ({"vllm_server_environment": ["A=1"]}, "vllm_server_environment"),
     ],
 )
-def test_argument_spec_rejects(tmp_path, extra, message):
-    result = _playbook(tmp_path, _role_play(), extra, "--check")
+def test_argument_spec_rejects(ansible, extra, message):
+    result = ansible.playbook(_role_play(), extra, "--check")
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
     assert "Validation of arguments failed" in out
@@ -283,14 +263,14 @@ def _drafter(tmp_path: Path, config: dict | None) -> Path:
     ("extra", "config", "message"),
     [
         (
-            {"vllm_server_num_speculative_tokens": 17},
+            {"specfleet_num_speculative_tokens": 17},
             {"architectures": ["LlamaForCausalLMEagle3"]},
-            "num_speculative_tokens 1..16 (got 17)",
+            "num_speculative_tokens must be in 1..16, got 17",
         ),
         (
-            {"vllm_server_num_speculative_tokens": 0},
+            {"specfleet_num_speculative_tokens": 0},
             {"architectures": ["LlamaForCausalLMEagle3"]},
-            "num_speculative_tokens 1..16 (got 0)",
+            "num_speculative_tokens must be in 1..16, got 0",
         ),
         ({}, None, "config.json is missing"),
         ({}, {"architectures": ["LlamaForCausalLM"]}, "is not an EAGLE-3 drafter"),
@@ -300,25 +280,35 @@ def _drafter(tmp_path: Path, config: dict | None) -> Path:
             "never --api-key",
         ),
         (
-            {"vllm_server_user": "root"},
+            {"specfleet_user": "root"},
             {"architectures": ["LlamaForCausalLMEagle3"]},
             "never runs as root",
         ),
+        (
+            {"vllm_server_environment": {"PYTHONPYCACHEPREFIX": "/var/cache/pyc"}},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "no PYTHONPYCACHEPREFIX",
+        ),
+        (
+            {"specfleet_model": "models/target"},
+            {"architectures": ["LlamaForCausalLMEagle3"]},
+            "the model is an absolute path",
+        ),
     ],
 )
-def test_validation_rejects_before_changes(tmp_path, extra, config, message):
+def test_validation_rejects_before_changes(ansible, tmp_path, extra, config, message):
     drafter = _drafter(tmp_path, config)
-    result = _playbook(
-        tmp_path, _role_play(), {"vllm_server_drafter": str(drafter), **extra}, "--check"
-    )
+    result = ansible.playbook(_role_play(), {"specfleet_drafter": str(drafter), **extra}, "--check")
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
     assert message in " ".join(out.split())
     assert "Create the service" not in out
 
 
-def _validate_on_a_ready_host(tmp_path, drafter_config, **extra):
-    """Run validate.yml where the target model and the stack's python exist."""
+def _validate_on_a_ready_host(ansible, drafter_config, **extra):
+    """Run validate.yml where the target model, the stack's python and the project's
+    host-side Python exist."""
+    tmp_path = ansible.tmp_path
     drafter = _drafter(tmp_path, drafter_config)
     model = tmp_path / "model"
     model.mkdir()
@@ -327,13 +317,14 @@ def _validate_on_a_ready_host(tmp_path, drafter_config, **extra):
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").symlink_to(sys.executable)
     variables = {
-        "vllm_server_drafter": str(drafter),
-        "vllm_server_model": str(model),
-        "vllm_server_venv": str(venv_bin.parent),
+        "specfleet_drafter": str(drafter),
+        "specfleet_model": str(model),
+        "specfleet_stack_venv": str(venv_bin.parent),
+        "specfleet_pythonpath": str(ROOT / "src"),
         # The account must exist (the common role makes it); nobody exists here.
-        "vllm_server_user": "nobody",
+        "specfleet_user": "nobody",
     }
-    return _playbook(tmp_path, _role_play("validate.yml"), {**variables, **extra}, "--check")
+    return ansible.playbook(_role_play("validate.yml"), {**variables, **extra}, "--check")
 
 
 @pytest.mark.parametrize(
@@ -345,61 +336,17 @@ def _validate_on_a_ready_host(tmp_path, drafter_config, **extra):
         {"speculators_model_type": "eagle3"},
     ],
 )
-def test_validation_accepts_eagle3_drafters(tmp_path, config):
-    result = _validate_on_a_ready_host(tmp_path, config)
+def test_validation_accepts_eagle3_drafters(ansible, config):
+    result = _validate_on_a_ready_host(ansible, config)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_validation_requires_the_service_account(tmp_path):
+def test_validation_requires_the_service_account(ansible):
     result = _validate_on_a_ready_host(
-        tmp_path,
+        ansible,
         {"architectures": ["LlamaForCausalLMEagle3"]},
-        vllm_server_user="specfleet-no-such-account",
+        specfleet_user="specfleet-no-such-account",
     )
     out = result.stdout + result.stderr
     assert result.returncode != 0
     assert "specfleet-no-such-account does not exist: apply the common role first" in out
-
-
-METRICS_SAMPLE = """\
-# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
-# TYPE vllm:spec_decode_num_draft_tokens_total counter
-vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 69.0
-vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="tiny"} 3.0
-vllm:spec_decode_num_draft_tokens_created{engine="0",model_name="tiny"} 1.7959702470090735e+09
-vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 12.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 9.0
-"""
-
-
-def test_gate_reads_speculative_counters(tmp_path):
-    """The gate's counter sums (role vars) over a /metrics text in vLLM's format."""
-    play = {
-        "name": "Evaluate the gate's expressions",
-        "hosts": "localhost",
-        "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-        "tasks": [
-            {
-                "name": "Write the sums",
-                "ansible.builtin.copy": {
-                    "dest": str(tmp_path / "sums.json"),
-                    "mode": "0600",
-                    "content": "{{ {'before': vllm_server__draft_before | float, "
-                    "'after': vllm_server__draft_after | float, "
-                    "'accepted': vllm_server__accepted_after | float} | to_json }}",
-                },
-            }
-        ],
-    }
-    result = _playbook(
-        tmp_path,
-        [play],
-        {
-            "vllm_server__metrics_before": {"content": "# nothing yet\n"},
-            "vllm_server__metrics_after": {"content": METRICS_SAMPLE},
-        },
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    sums = json.loads((tmp_path / "sums.json").read_text())
-    assert sums == {"before": 0.0, "after": 72.0, "accepted": 12.0}

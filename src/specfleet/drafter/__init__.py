@@ -6,5 +6,6 @@ with the vLLM project's ``speculators`` as the engine. Nothing here imports the
 controller's dependencies.
 """
 
-#: Loaded by vLLM through ``kv_connector_module_path`` in profile ``cpu`` only.
+#: Loaded by vLLM through ``kv_connector_module_path`` when the run's ``cpu_compat`` is on.
 CPU_COMPAT_MODULE = "specfleet.drafter.cpu_compat"
+CPU_COMPAT_CONNECTOR = "CpuHiddenStatesConnector"

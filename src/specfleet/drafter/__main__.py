@@ -1,10 +1,11 @@
-"""``python -m specfleet.drafter {check,status,run} --config RUN.json``.
+"""``python -m specfleet.drafter {check,status,run} --config RUN.json`` and ``... settings``.
 
 * ``check``: every reason the run cannot start (exit 2), or its id and estimates (exit 0);
   changes nothing.
 * ``status``: the run id, whether it is complete, its result and the progress file;
   changes nothing. The role reads this to decide whether to start the job.
 * ``run``: the pipeline, skipping finished stages; what the systemd job runs.
+* ``settings``: every setting of a run, its default and what it means (no ``--config``).
 
 Exit codes: 0 done, 1 a stage failed (a restart may help), 2 bad input (it will not).
 """
@@ -18,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from specfleet.drafter.config import ConfigError, RunConfig
+from specfleet.drafter.config import ConfigError, RunConfig, describe
 from specfleet.drafter.inputs import TargetFacts, preflight
 from specfleet.drafter.progress import Progress, write_json
 from specfleet.drafter.stages import STAGES, Context, is_done, plan, run_all
@@ -105,11 +106,23 @@ def run(config: RunConfig) -> int:
 COMMANDS = {"check": check, "status": status, "run": run}
 
 
+def print_settings() -> int:
+    rows = describe()
+    width = max(len(name) for name, _, _ in rows)
+    for name, default, text in rows:
+        print(f"{name:<{width}}  {default:<40}  {text}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specfleet.drafter", description=__doc__)
-    parser.add_argument("command", choices=sorted(COMMANDS))
-    parser.add_argument("--config", type=Path, required=True, help="the run's settings (JSON)")
+    parser.add_argument("command", choices=[*sorted(COMMANDS), "settings"])
+    parser.add_argument("--config", type=Path, help="the run's settings (JSON)")
     args = parser.parse_args(argv)
+    if args.command == "settings":
+        return print_settings()
+    if args.config is None:
+        parser.error(f"{args.command} needs --config")
     try:
         config = RunConfig.load(args.config)
     except ConfigError as error:

@@ -1,17 +1,21 @@
-"""The settings of one drafter training run, read from the JSON file the role writes.
+"""The settings of one drafter training run: the one source of their names, defaults and docs.
 
-Only the standard library is used here, so the controller's tests and the role's
-preflight can read a run without torch.
+The ``drafter_training`` role writes a JSON file of the settings it knows (the target, the
+store, the accelerator profile's data) combined with the operator's
+``drafter_training_settings``; everything not given takes the default declared here.
+``python -m specfleet.drafter settings`` prints this table. Only the standard library is
+used, so the controller's tests and the role's preflight read a run without torch.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-PROFILES = ("cpu", "cuda")
+from specfleet.speculative import SpeculativeConfigError, check_num_speculative_tokens
+
 HIDDEN_STATES_BACKENDS = ("vllm", "transformers")
 
 
@@ -19,51 +23,88 @@ class ConfigError(ValueError):
     """The run's settings are unusable; the message says which and why."""
 
 
+def doc(text: str) -> dict[str, str]:
+    """A field's documentation, printed by ``python -m specfleet.drafter settings``."""
+    return {"doc": text}
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """The private vLLM server the pipeline starts for responses, hidden states, evaluation."""
 
-    port: int = 8390
-    max_model_len: int = 2048
-    # KV cache of the CPU build in GiB (VLLM_CPU_KVCACHE_SPACE; profile cpu only).
-    cpu_kvcache_space: int = 1
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    startup_timeout_s: int = 900
-    extra_args: list[str] = field(default_factory=list)
+    port: int = field(default=8390, metadata=doc("port of the private server on 127.0.0.1"))
+    max_model_len: int = field(default=2048, metadata=doc("context length of the private server"))
+    startup_timeout_s: int = field(
+        default=900, metadata=doc("seconds the private server may take to start")
+    )
+    args: list[str] = field(
+        default_factory=list,
+        metadata=doc("the accelerator profile's server arguments (the role's vars/<profile>.yml)"),
+    )
+    environment: dict[str, str] = field(
+        default_factory=dict,
+        metadata=doc(
+            "the accelerator profile's server environment (e.g. the CPU build's KV cache)"
+        ),
+    )
+    extra_args: list[str] = field(
+        default_factory=list, metadata=doc("further arguments of the private server")
+    )
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run; its hash (with the inputs' fingerprints) is the run id."""
 
-    target: str
-    dataset: str
-    baseline_drafter: str | None = None
-    profile: str = "cuda"
-    work_dir: str = "/var/lib/specfleet/drafter-training"
-    store_dir: str = "/var/lib/specfleet/drafters"
-    heldout_prompts: int = 20
-    seed: int = 0
-    # responses
-    response_max_tokens: int = 128
-    response_temperature: float = 0.0
-    concurrency: int = 32
-    # prepared data and hidden states
-    seq_length: int = 1024
-    draft_vocab_size: int = 512
-    # Target layers whose inputs the drafter reads (vLLM's numbering); empty: the
-    # EAGLE-3 default taps 2, N//2 and N-3.
-    layer_ids: list[int] = field(default_factory=list)
-    hidden_states_backend: str = "vllm"
-    # training
-    epochs: int = 10
-    learning_rate: float = 1e-3
-    train_extra_args: list[str] = field(default_factory=list)
-    # evaluation
-    num_speculative_tokens: int = 3
-    eval_max_tokens: int = 128
-    server: ServerSettings = field(default_factory=ServerSettings)
+    target: str = field(default="", metadata=doc("local folder of the target model (required)"))
+    dataset: str = field(
+        default="", metadata=doc("prompts, JSONL of chats; the target answers them (required)")
+    )
+    baseline_drafter: str | None = field(
+        default=None,
+        metadata=doc("drafter measured next to the candidate (a fixed folder); none when empty"),
+    )
+    cpu_compat: bool = field(
+        default=False,
+        metadata=doc("load the CPU compatibility layer (the cpu profile: no accelerator)"),
+    )
+    work_dir: str = field(default="", metadata=doc("stages, logs, progress (required)"))
+    store_dir: str = field(default="", metadata=doc("exported drafters by content hash (required)"))
+    heldout_prompts: int = field(
+        default=20, metadata=doc("prompts kept out of training, used to measure acceptance")
+    )
+    seed: int = field(default=0, metadata=doc("seed of the held-out split and of training"))
+    response_max_tokens: int = field(
+        default=128, metadata=doc("tokens the target writes per training prompt")
+    )
+    response_temperature: float = field(default=0.0, metadata=doc("temperature of those answers"))
+    concurrency: int = field(default=32, metadata=doc("requests in flight to the private server"))
+    seq_length: int = field(default=1024, metadata=doc("longest training sequence in tokens"))
+    draft_vocab_size: int = field(
+        default=512, metadata=doc("draft vocabulary: the most frequent target tokens")
+    )
+    layer_ids: list[int] = field(
+        default_factory=list,
+        metadata=doc("target layers the drafter reads (vLLM numbering); empty: 2, N//2 and N-3"),
+    )
+    hidden_states_backend: str = field(
+        default="vllm",
+        metadata=doc("vllm (as speculators does it) or transformers (small targets only)"),
+    )
+    epochs: int = field(default=10, metadata=doc("training epochs"))
+    learning_rate: float = field(default=1e-3, metadata=doc("learning rate"))
+    train_extra_args: list[str] = field(
+        default_factory=list, metadata=doc("further `speculators train` arguments")
+    )
+    num_speculative_tokens: int = field(
+        default=3, metadata=doc("tokens proposed per step when measuring")
+    )
+    eval_max_tokens: int = field(
+        default=128, metadata=doc("tokens generated per held-out prompt when measuring")
+    )
+    server: ServerSettings = field(
+        default_factory=ServerSettings, metadata=doc("the private vLLM server")
+    )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
@@ -71,7 +112,7 @@ class RunConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-        for required in ("target", "dataset"):
+        for required in ("target", "dataset", "work_dir", "store_dir"):
             if not data.get(required):
                 raise ConfigError(f"'{required}' must be set")
         values = dict(data)
@@ -79,7 +120,10 @@ class RunConfig:
         server_known = {item.name for item in fields(ServerSettings)}
         if set(server) - server_known:
             raise ConfigError(f"unknown server setting(s): {sorted(set(server) - server_known)}")
-        config = cls(**values, server=ServerSettings(**server))
+        try:
+            config = cls(**values, server=ServerSettings(**server))
+        except TypeError as error:
+            raise ConfigError(str(error)) from error
         config.check()
         return config
 
@@ -95,8 +139,6 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need no files: ranges and choices."""
-        if self.profile not in PROFILES:
-            raise ConfigError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.hidden_states_backend not in HIDDEN_STATES_BACKENDS:
             raise ConfigError(
                 f"hidden_states_backend must be one of {HIDDEN_STATES_BACKENDS}, "
@@ -114,10 +156,27 @@ class RunConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ConfigError(
-                f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}"
-            )
+        try:
+            check_num_speculative_tokens(self.num_speculative_tokens)
+        except SpeculativeConfigError as error:
+            raise ConfigError(str(error)) from error
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, default, description) of every setting, ``server.*`` included."""
+    rows = []
+    for cls, prefix in ((RunConfig, ""), (ServerSettings, "server.")):
+        for item in fields(cls):
+            if item.name == "server" and cls is RunConfig:
+                continue
+            if item.default is not MISSING:
+                default = item.default
+            elif item.default_factory is not MISSING:
+                default = item.default_factory()
+            else:
+                default = None
+            rows.append((prefix + item.name, json.dumps(default), item.metadata.get("doc", "")))
+    return rows

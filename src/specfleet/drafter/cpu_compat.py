@@ -1,9 +1,10 @@
 """What vLLM and speculators need to run the drafter pipeline without an accelerator.
 
-Used only in profile ``cpu`` (the lab and CI). On GPU hosts both libraries run as they
-are and nothing here is imported. Nothing here edits an installed file: the connector is
-a subclass that vLLM loads by module path, and the training workarounds are attribute
-replacements made in the training process alone, before speculators' trainer is built.
+Used only when a run's ``cpu_compat`` is on (the ``cpu`` profile: the lab and CI). On GPU
+hosts both libraries run as they are and nothing here is imported. Nothing here edits an
+installed file: the connector is a subclass that vLLM loads by module path, and the training
+workarounds are attribute replacements made in the training process alone, before
+speculators' trainer is built.
 
 Each workaround names the upstream behaviour it works around (vLLM 0.32.0 CPU build,
 speculators 0.9.0, torch 2.13.0+cpu).
@@ -22,9 +23,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-#: The module path vLLM's ``kv_connector_module_path`` takes for :class:`CpuHiddenStatesConnector`.
-CONNECTOR_MODULE = __name__
-CONNECTOR_CLASS = "CpuHiddenStatesConnector"
+#: ``speculators train`` arguments without an accelerator: FlexAttention's backward and the
+#: fused Triton loss kernel do not run on a CPU; dataloader worker processes only add
+#: start-up time on a couple of cores.
+TRAIN_ARGS = [
+    "--draft-attn-impl",
+    "sdpa",
+    "--loss-implementation",
+    "eager",
+    "--num-workers",
+    "0",
+]
 
 
 class _AlreadyDone:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specfleet.drafter import CPU_COMPAT_MODULE
+from specfleet.drafter import CPU_COMPAT_CONNECTOR, CPU_COMPAT_MODULE
 from specfleet.drafter.config import RunConfig
 
 
@@ -49,8 +48,8 @@ def hidden_states_extraction(config: RunConfig, layer_ids: list[int], staging: P
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(staging)},
     }
-    if config.profile == "cpu":
-        connector["kv_connector"] = "CpuHiddenStatesConnector"
+    if config.cpu_compat:
+        connector["kv_connector"] = CPU_COMPAT_CONNECTOR
         connector["kv_connector_module_path"] = CPU_COMPAT_MODULE
     return ServerSpec(
         "hidden-states",
@@ -104,23 +103,15 @@ class VllmServer:
             "--seed",
             str(self.config.seed),
         ]
-        if self.config.profile == "cpu":
-            # vLLM's CPU build crashes in torch.compile on the first request.
-            argv.append("--enforce-eager")
-        else:
-            argv += [
-                "--tensor-parallel-size",
-                str(settings.tensor_parallel_size),
-                "--gpu-memory-utilization",
-                str(settings.gpu_memory_utilization),
-            ]
+        # The accelerator profile's arguments (--enforce-eager for the CPU build;
+        # tensor parallelism and GPU memory for cuda) come as data from the role.
+        argv += settings.args
         return argv + list(self.spec.args) + list(settings.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         env["VLLM_NO_USAGE_STATS"] = "1"
-        if self.config.profile == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.server.cpu_kvcache_space)
+        env.update(self.config.server.environment)
         return env
 
     def start(self) -> None:
@@ -194,20 +185,3 @@ def serve(config: RunConfig, spec: ServerSpec, log_path: Path) -> Iterator[VllmS
         yield server
     finally:
         server.stop()
-
-
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def counters(text: str, prefix: str = "vllm:spec_decode_") -> dict[tuple[str, str], float]:
-    """Prometheus samples under ``prefix``, keyed by (name, position label or "")."""
-    values: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or not match["name"].startswith(prefix):
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        key = (match["name"], labels.get("position", ""))
-        values[key] = values.get(key, 0.0) + float(match["value"])
-    return values

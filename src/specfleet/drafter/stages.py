@@ -286,7 +286,7 @@ def _train_settings(ctx: Context) -> dict[str, Any]:
         "seq_length": config.seq_length,
         "seed": config.seed,
         "extra_args": config.train_extra_args,
-        "profile": config.profile,
+        "cpu_compat": config.cpu_compat,
     }
 
 
@@ -353,8 +353,7 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
             sys.executable,
             "-m",
             "specfleet.drafter.train_entry",
-            "--profile",
-            config.profile,
+            *(["--cpu-compat"] if config.cpu_compat else []),
             "--progress",
             str(ctx.progress.path),
             "--loss-log",

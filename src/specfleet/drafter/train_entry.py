@@ -1,6 +1,6 @@
 """The training process: speculators' trainer, reporting into the run's progress file.
 
-``python -m specfleet.drafter.train_entry --profile P --progress FILE --loss-log FILE --
+``python -m specfleet.drafter.train_entry [--cpu-compat] --progress FILE --loss-log FILE --
 <speculators train arguments>``. A process of its own, so that the CPU workarounds touch
 nothing but it and the memory it takes is returned when it ends.
 """
@@ -13,32 +13,23 @@ from pathlib import Path
 
 from specfleet.drafter.progress import Progress, TrainingMetricsHandler
 
-CPU_TRAIN_ARGS = [
-    # FlexAttention's backward and the fused Triton loss kernel do not run on a CPU.
-    "--draft-attn-impl",
-    "sdpa",
-    "--loss-implementation",
-    "eager",
-    # Dataloader worker processes only add start-up time on a couple of cores.
-    "--num-workers",
-    "0",
-]
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specfleet.drafter.train_entry")
-    parser.add_argument("--profile", choices=("cpu", "cuda"), required=True)
+    parser.add_argument(
+        "--cpu-compat", action="store_true", help="train without an accelerator (cpu_compat)"
+    )
     parser.add_argument("--progress", type=Path, required=True)
     parser.add_argument("--loss-log", type=Path, required=True)
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     train_args = [word for word in args.train_args if word != "--"]
 
-    if args.profile == "cpu":
-        from specfleet.drafter.cpu_compat import patch_speculators_training
+    if args.cpu_compat:
+        from specfleet.drafter.cpu_compat import TRAIN_ARGS, patch_speculators_training
 
         patch_speculators_training()
-        train_args = CPU_TRAIN_ARGS + train_args
+        train_args = TRAIN_ARGS + train_args
 
     import speculators.train.trainer as trainer
     from speculators.train.cli import main as train

@@ -1,0 +1,138 @@
+"""What every test shares: the repository root, and one way to run Ansible.
+
+``ansible`` (a fixture) runs playbooks and ad-hoc modules the way an operator does, with the
+project's ansible.cfg, against localhost over the local connection, with the controller's own
+interpreter as the target's (a broken system Python or pyenv shim on the test machine cannot
+change the result), each test in its own temporary Ansible folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specfleet.paths import repo_root
+
+ROOT = repo_root()
+BIN = Path(sys.executable).parent
+
+
+class Ansible:
+    """ansible-playbook and ansible, run in a test's temporary folder."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_LOCAL_TEMP": str(self.tmp_path / "ansible-local"),
+            "ANSIBLE_HOME": str(self.tmp_path / "ansible-home"),
+            "ANSIBLE_LOCALHOST_WARNING": "false",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+            "ANSIBLE_NOCOLOR": "1",
+            **extra,
+        }
+
+    def playbook(
+        self,
+        plays: Sequence[Mapping[str, Any]] | str | Path,
+        extra_vars: Mapping[str, Any] | None = None,
+        *args: str,
+        inventory: str = "localhost,",
+        json_output: bool = False,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run plays (a list of dicts, YAML text, or a playbook path) with extra variables.
+
+        With ``json_output`` the ansible.builtin.json callback writes the results to stdout
+        (read them with :func:`json_result`).
+        """
+        if isinstance(plays, Path):
+            book = plays
+        else:
+            book = self.tmp_path / "play.yml"
+            text = plays if isinstance(plays, str) else yaml.safe_dump(list(plays), sort_keys=False)
+            book.write_text(text)
+        extra_file = self.tmp_path / "extra-vars.json"
+        extra_file.write_text(json.dumps(dict(extra_vars or {})))
+        argv = [str(BIN / "ansible-playbook"), "-i", inventory]
+        if inventory == "localhost,":
+            argv += ["-c", "local"]
+        argv += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra_file}"]
+        settings = dict(env or {})
+        if json_output:
+            settings["ANSIBLE_STDOUT_CALLBACK"] = "ansible.builtin.json"
+        return subprocess.run(
+            [*argv, *args, str(book)],
+            cwd=ROOT,
+            env=self.env(**settings),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def adhoc(
+        self,
+        module: str,
+        args: str,
+        *options: str,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """`ansible localhost -c local -m MODULE -a ARGS`."""
+        return subprocess.run(
+            [
+                str(BIN / "ansible"),
+                "localhost",
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+                "-m",
+                module,
+                "-a",
+                args,
+                *options,
+            ],
+            cwd=ROOT,
+            env=self.env(**dict(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
+def json_result(process: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The json callback's document from a playbook run's stdout."""
+    start = process.stdout.find("{")
+    assert start >= 0, process.stdout + process.stderr
+    result: dict[str, Any] = json.loads(process.stdout[start:])
+    return result
+
+
+def recap(process: subprocess.CompletedProcess[str], host: str = "localhost") -> dict[str, int]:
+    """The PLAY RECAP counters of a host (default callback)."""
+    line = next(line for line in process.stdout.splitlines() if line.startswith(host))
+    return {
+        key: int(value)
+        for key, value in (item.split("=") for item in line.split(":", 1)[1].split())
+    }
+
+
+@pytest.fixture
+def ansible(tmp_path: Path) -> Ansible:
+    return Ansible(tmp_path)
