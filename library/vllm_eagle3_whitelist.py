@@ -95,14 +95,24 @@ options:
       - Seconds to wait for another run holding the lock on the same vLLM installation.
     type: int
     default: 60
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: The diff shows the edited statement before and after.
+  platform:
+    platforms: posix
 notes:
-  - Supports C(check_mode) and C(diff_mode); the diff shows the edited statement before and
-    after.
   - The module parses vLLM's source with the Python that runs the module. If that Python is
     older than the syntax of the installed vLLM, run the task with
     C(ansible_python_interpreter) set to O(python).
-  - Restart the vLLM server after a change; the C(vllm_eagle3_patch) role notifies the
-    server's restart handler.
+  - A running vLLM server keeps the code it imported at start. A changed result means the
+    serving process must restart to use the edit. In specfleet the C(vllm_eagle3_patch) role
+    rewrites a record file after each change, and the C(vllm_server) role restarts the server
+    when that record's checksum changed; roles never notify each other's handlers.
 seealso:
   - module: ansible.builtin.lineinfile
   - module: ansible.builtin.replace
@@ -114,25 +124,30 @@ EXAMPLES = r"""
     python: /opt/specfleet/venvs/current/bin/python
     model_types:
       - kimi_k2
+  register: whitelist
 
+# "whitelist is changed" means the serving process must restart to run the edited check;
+# specfleet's roles restart it from an edit record (a file rewritten on each change, whose
+# checksum the server role follows), not through a handler notification.
 - name: Take the type from the served model and keep a backup
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     from_model: /srv/models/Kimi-K2.5
     backup: true
   register: whitelist
-  notify: restart vllm server
 
 - name: Rebuild the bytecode cache straight away, in the mode it had
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     model_types: [mistral, gemma3]
     recompile: true
+  register: whitelist
 
 - name: Remove every type this module added
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     state: absent
+  register: whitelist
 """
 
 RETURN = r"""
