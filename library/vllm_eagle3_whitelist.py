@@ -21,7 +21,7 @@ description:
   - Every known shape of the check is recognised, by parsing the source with Python's C(ast)
     module. They are the single C("llama" not in ...model_type) compare (0.8.5 to 0.10.0,
     C(vllm/config.py)), and the list named C(eagle3_target_supported) or
-    C(aux_hidden_states_supported) with any
+    C(aux_hidden_states_supported) (a list of strings, or a C(+) chain of such lists) with any
     tuple of methods (0.10.1.1 to 0.21.0). From 0.22.0 vLLM has no such check; the module
     then changes nothing and returns RV(whitelist=absent).
   - Only the edited expression changes; every other byte of the file stays as it was. The
@@ -36,6 +36,10 @@ description:
     C(("llama" not in X and not any(_specfleet_t in X for _specfleet_t in [...]))).
     vLLM's own text is kept verbatim inside, so removing the last addition restores the
     original bytes exactly.
+  - Only a part in exactly the form the module writes, markers included, is taken as the
+    module's. Everything else in the check is vLLM's (a list vLLM builds with C(+) too) and is
+    never removed or marked; marked text in any other form is an unknown shape, and the
+    module fails without writing.
   - Every cached bytecode file of the source is deleted (all interpreter tags, optimisation
     levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source and the interpreter's
     C(sys.pycache_prefix) tree). Hash-based caches (PEP 552) marked unchecked are never
@@ -679,7 +683,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                 ours_node = patched[1] if patched else None
                 ours = _str_list(ours_node) if ours_node is not None else []
                 methods = [s for s in _strings_in(test) if s not in _strings_in(part)]
-                return func, Check(
+                check = Check(
                     shape="compare",
                     node=part,
                     node_path=_path_of(tree, part),
@@ -693,6 +697,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                     methods=methods,
                     spans=[base] + ([ours_node] if ours_node is not None else []),
                 )
+                return func, _owned(src, check)
             name = _any_over_name(part)
             if name is None:
                 continue
@@ -702,26 +707,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                     f"the condition at line {if_node.lineno} iterates over {name!r}, but no "
                     f"assignment of a list of strings to {name!r} precedes it"
                 )
-            value = assign.value
-            ours_node = None
-            if isinstance(value, ast.BinOp):
-                base, ours_node = value.left, value.right  # type: ignore[assignment]
-            else:
-                base = value
-            return func, Check(
-                shape="list",
-                node=value,
-                node_path=_path_of(tree, value),
-                stmt=assign,
-                base=base,
-                base_entries=_str_list(base) or [],
-                ours=(_str_list(ours_node) or []) if ours_node is not None else [],
-                ours_node=ours_node,
-                subject=None,
-                list_name=name,
-                methods=_strings_in(test),
-                spans=[value],
-            )
+            return func, _list_check(src, assign, name, _strings_in(test))
         mentions = any(_is_model_type(n) for n in ast.walk(test))
         if mentions:
             raise ShapeError(
@@ -738,6 +724,63 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
     return func, None
 
 
+def _list_check(src: Source, assign: ast.Assign, name: str, methods: list[str]) -> Check:
+    """The list shape. The last list of a `+` chain is specfleet's only when it is exactly
+    what render() writes (its marker included); otherwise the whole chain is vLLM's."""
+    value = assign.value
+
+    def check(base: ast.expr, ours_node: ast.List | None) -> Check:
+        return Check(
+            shape="list",
+            node=value,
+            node_path=_path_of(src.tree, value),
+            stmt=assign,
+            base=base,
+            base_entries=_str_list_chain(base) or [],
+            ours=(_str_list(ours_node) or []) if ours_node is not None else [],
+            ours_node=ours_node,
+            subject=None,
+            list_name=name,
+            methods=methods,
+            spans=[value],
+        )
+
+    if isinstance(value, ast.BinOp) and isinstance(value.right, ast.List):
+        candidate = check(value.left, value.right)
+        if candidate.ours and _renders_as_written(src, candidate):
+            return candidate
+    return _owned(src, check(value, None))
+
+
+def _renders_as_written(src: Source, check: Check) -> bool:
+    start, end = replacement_span(src, check)
+    return src.data[start:end] == render(src, check, check.ours)
+
+
+def _owned(src: Source, check: Check) -> Check:
+    """The check, once sure that what it takes as specfleet's is exactly what this module
+    writes (each addition carries the marker) and that no marked text is left elsewhere in
+    it; anything else is a shape this module did not write."""
+    first, last = check.node.lineno, check.node.end_lineno or check.node.lineno
+    text = src.lines(first, last)
+    if check.ours_node is None and MARK not in text:
+        return check
+    if check.ours_node is not None and check.ours and _renders_as_written(src, check):
+        return check
+    raise ShapeError(
+        f"lines {first}-{last} hold a {MARK!r} marker, but not in the form this module "
+        f"writes (edited by hand?): {text.strip()}"
+    )
+
+
+def _str_list_chain(node: ast.AST) -> list[str] | None:
+    """The entries of a list of strings, or of a `+` chain of such lists (left to right)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _str_list_chain(node.left), _str_list(node.right)
+        return None if left is None or right is None else left + right
+    return _str_list(node)
+
+
 def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assign | None:
     found = None
     for node in ast.walk(func):
@@ -749,12 +792,7 @@ def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assig
             and node.targets[0].id == name
         ):
             value = node.value
-            ok = _str_list(value) is not None or (
-                isinstance(value, ast.BinOp)
-                and isinstance(value.op, ast.Add)
-                and _str_list(value.left) is not None
-                and _str_list(value.right) is not None
-            )
+            ok = _str_list_chain(value) is not None
             if ok and (found is None or node.lineno > found.lineno):
                 found = node
     return found
