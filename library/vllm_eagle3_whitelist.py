@@ -51,6 +51,11 @@ description:
     levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source and the interpreter's
     C(sys.pycache_prefix) tree). Hash-based caches (PEP 552) marked unchecked are never
     re-validated by Python, so deleting them is the only safe move.
+  - A failed run leaves the source byte-identical. Before writing, the module proves every
+    step possible (the source and its folder writable; no immutable or append-only flag on
+    that folder, on a cache file or on a cache folder; the recompile folder writable); a
+    failure after the write puts the original bytes back and removes caches compiled from
+    the edit. C(changed) then says what the run left changed (a deleted cache counts).
   - The result is proven by asking O(python), in a subprocess, for the code object its import
     system would execute for that module now (the path finder's loader, honouring caches),
     and comparing the check's entries in that code object with the intended ones.
@@ -257,7 +262,9 @@ already_supported:
       type: bool
   sample: [{model_type: qwen3_moe, matched_by: qwen, added_by_specfleet: false}]
 pyc_removed:
-  description: Cached bytecode files of the source that were (or would be) deleted.
+  description:
+    - Cached bytecode files of the source that were (or would be) deleted.
+    - After a failure, those the run left deleted.
   returned: always
   type: list
   elements: str
@@ -299,8 +306,12 @@ import errno
 import fcntl
 import json
 import os
+import platform
 import re
 import shutil
+import stat
+import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -437,6 +448,14 @@ print(json.dumps(done))
 """
 
 PYC_MODES = {0: "TIMESTAMP", 1: "UNCHECKED_HASH", 3: "CHECKED_HASH"}
+
+# Linux inode flags (chattr): an immutable or append-only file or folder refuses deletion,
+# root included. FS_IOC_GETFLAGS is _IOR('f', 1, long) in the generic ioctl encoding, which
+# these machines use (others are not asked: the rollback still covers them).
+FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+FS_IMMUTABLE_FL = 0x10
+FS_APPEND_FL = 0x20
+GENERIC_IOCTL = ("x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "riscv64", "s390x")
 
 
 class ShapeError(Exception):
@@ -1000,6 +1019,75 @@ def cache_files(source: str, pycache_prefix: str | None) -> list[str]:
     return found
 
 
+def inode_flags(path: str) -> int:
+    """The chattr flags of path (not followed when a link); 0 when unknown."""
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in GENERIC_IOCTL:
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        answer = fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return int.from_bytes(answer[:4], sys.byteorder)  # the kernel writes an int
+
+
+def _flag_problem(path: str, what: str) -> str | None:
+    flags = inode_flags(path)
+    for flag, name in ((FS_IMMUTABLE_FL, "immutable"), (FS_APPEND_FL, "append-only")):
+        if flags & flag:
+            return f"{os.strerror(errno.EPERM)} ({what} {path} is {name})"
+    return None
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why entries of folder cannot be created, replaced or deleted (None: they can)."""
+    problem = _flag_problem(folder, "the folder")
+    effective = os.access in os.supports_effective_ids
+    if problem is None and not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        problem = f"{os.strerror(errno.EACCES)} (the folder {folder} is not writable)"
+    return problem
+
+
+def deletion_problem(path: str) -> str | None:
+    """Why path cannot be deleted (None: it can, as far as can be told without deleting)."""
+    if not os.path.lexists(path):
+        return None
+    if os.path.isdir(path) and not os.path.islink(path):
+        return f"{os.strerror(errno.EISDIR)} ({path} is a folder)"
+    folder = os.path.dirname(path)
+    problem = folder_problem(folder) or _flag_problem(path, "the file")
+    if problem is None and os.geteuid() != 0:
+        held = os.stat(folder)
+        owner = os.lstat(path).st_uid
+        if held.st_mode & stat.S_ISVTX and os.geteuid() not in (held.st_uid, owner):
+            problem = f"{os.strerror(errno.EPERM)} (sticky folder {folder}, another user's file)"
+    return problem
+
+
+def put_back(path: str, data: bytes) -> None:
+    """Replace path's content with data atomically, keeping the current file's owner, mode
+    and extended attributes (an SELinux label among them)."""
+    real = os.path.realpath(path)
+    current = os.stat(real)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".specfleet-restore-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        shutil.copystat(real, tmp)
+        with contextlib.suppress(PermissionError):
+            os.chown(tmp, current.st_uid, current.st_gid)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def pyc_modes(files: list[str], cache_tag: str) -> list[dict[str, Any]]:
     """Invalidation mode and optimisation level of each cache file of the target's tag."""
     items: dict[int, str] = {}
@@ -1050,9 +1138,14 @@ class Whitelist:
             "recompiled": [],
             "verified": False,
         }
+        # set while the write and prove steps run: a failure then undoes the edit
+        self.editing: tuple[Target, Plan] | None = None
+        self.written = False
 
     def fail(self, msg: str, **extra: Any) -> NoReturn:
         self.result.update(extra)
+        if self.editing is not None:
+            msg += self.undo(*self.editing)
         self.module.fail_json(msg=msg, **{k: v for k, v in self.result.items() if k != "msg"})
 
     def finish(self, tail: str) -> NoReturn:
@@ -1245,13 +1338,17 @@ class Whitelist:
         plan = self.plan(target, src, check, state, types)
         if not plan.edits:
             self.settled(target, plan)
-        self.result["changed"] = True
-        self.result["pyc_removed"] = plan.caches
         if self.module.check_mode:
+            self.result.update(changed=True, pyc_removed=plan.caches)
             self.finish("would change (check mode)")
-        self.write(target, plan)
-        self.prove(target, plan)
-        self.result["verified"] = True
+        self.editing = (target, plan)
+        try:
+            self.write(target, plan)
+            self.prove(target, plan)
+        except Exception as exc:  # a defect after the write: still leave the file as it was
+            self.fail(f"unexpected {type(exc).__name__} while editing {plan.path}: {exc}")
+        self.editing = None
+        self.result.update(changed=True, pyc_removed=plan.caches, verified=True)
         self.finish("verified")
 
     # ---- plan: what the run will do, decided before anything is written ---------------
@@ -1327,12 +1424,22 @@ class Whitelist:
     # ---- write: the edit, the caches --------------------------------------------------
 
     def write(self, target: Target, plan: Plan) -> None:
+        """Prove every step possible, then write the source, delete the caches and recompile.
+        From the write on, a failure puts the original bytes back (see undo)."""
         r = self.result
         if plan.edits:
             self.writable(plan.path)
+        for cache in plan.caches:
+            problem = deletion_problem(cache)
+            if problem:
+                self.fail(f"cannot remove {cache}: {problem}; nothing was written")
+        if self.p["recompile"]:
+            self.compilable(target, plan.path)
+        if plan.edits:
             if self.p["backup"]:
                 r["backup_file"] = self.module.backup_local(plan.path)
             self.replace(plan.path, plan.new_data)
+            self.written = True
         modes = pyc_modes(plan.caches, target.cache_tag)
         for cache in plan.caches:
             try:
@@ -1356,17 +1463,36 @@ class Whitelist:
         if served["found"] and sorted(served["strings"]) == plan.expected:
             return
         got = sorted(served["strings"]) if served["found"] else "no such function"
-        restored = ""
-        if plan.edits:
-            # leave the host as it was: the original bytes, without the caches
-            self.replace(plan.path, plan.src.data)
-            restored = "; the original file was put back"
         self.fail(
             f"after the edit {target.python} would still execute {got}, expected "
-            f"{plan.expected}{restored} "
-            f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
+            f"{plan.expected} (cache {served.get('cache')}, flags {served.get('cache_flags')})",
             served=served,
         )
+
+    def undo(self, target: Target, plan: Plan) -> str:
+        """After a failure in the write or prove step: the original bytes back, the caches
+        compiled from the edit removed, and changed and pyc_removed set to what the run
+        left changed. Returns what to add to the failure's message."""
+        self.editing = None
+        note = ""
+        if self.written:
+            try:
+                put_back(plan.path, plan.src.data)
+                note = "; the original file was put back"
+            except OSError as exc:
+                note = f"; putting the original file back failed: {exc}"
+            if self.p["recompile"]:
+                for cache in cache_files(plan.path, target.pycache_prefix):
+                    with contextlib.suppress(OSError):
+                        os.unlink(cache)
+        try:
+            with open(plan.path, "rb") as handle:
+                unchanged = handle.read() == plan.src.data
+        except OSError:
+            unchanged = False
+        gone = [cache for cache in plan.caches if not os.path.lexists(cache)]
+        self.result.update(changed=not unchanged or bool(gone), pyc_removed=gone)
+        return note
 
     @staticmethod
     def span_list(src: Source, check: Check) -> list[list[int]]:
@@ -1438,12 +1564,28 @@ class Whitelist:
         except OSError as exc:
             self.fail(f"{path} is not writable: {exc.strerror}")
         folder = os.path.dirname(path)
+        problem = _flag_problem(folder, "the folder")
+        if problem:
+            self.fail(f"cannot write in {folder} (needed for an atomic replace): {problem}")
         try:
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".specfleet-probe-")
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
             self.fail(f"cannot write in {folder} (needed for an atomic replace): {exc.strerror}")
+
+    def compilable(self, target: Target, path: str) -> None:
+        """Fail unless the recompile step can write where the interpreter keeps the cache."""
+        folder, name = os.path.split(path)
+        if target.pycache_prefix:
+            place = os.path.join(target.pycache_prefix, folder.lstrip(os.sep))
+        else:
+            place = os.path.join(folder, "__pycache__")
+        while not os.path.lexists(place) and os.path.dirname(place) != place:
+            place = os.path.dirname(place)  # py_compile creates the missing folders
+        problem = folder_problem(place)
+        if problem:
+            self.fail(f"cannot recompile {name} into {place}: {problem}; nothing was written")
 
     def replace(self, path: str, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.module.tmpdir)
