@@ -48,9 +48,9 @@ description:
     never removed or marked; marked text in any other form is an unknown shape, and the
     module fails without writing.
   - Every cached bytecode file of the source is deleted (all interpreter tags, optimisation
-    levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source and the interpreter's
-    C(sys.pycache_prefix) tree). Hash-based caches (PEP 552) marked unchecked are never
-    re-validated by Python, so deleting them is the only safe move.
+    levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source, the interpreter's
+    C(sys.pycache_prefix) tree and the O(pycache_prefix) tree). Hash-based caches (PEP 552)
+    marked unchecked are never re-validated by Python, so deleting them is the only safe move.
   - A failed run leaves the source byte-identical. Before writing, the module proves every
     step possible (the source and its folder writable; no immutable or append-only flag on
     that folder, on a cache file or on a cache folder; the recompile folder writable); a
@@ -106,6 +106,14 @@ options:
       - By default the cache is only deleted and Python rebuilds it on the next import.
     type: bool
     default: false
+  pycache_prefix:
+    description:
+      - The bytecode cache prefix (E(PYTHONPYCACHEPREFIX) or C(-X pycache_prefix)) of the
+        process that will run vLLM, when it has one. An absolute path.
+      - The module then also deletes the source's caches under that prefix, writes the new
+        caches there with O(recompile), and proves what O(python) would execute with that
+        prefix as well as in the module's own environment.
+    type: path
   lock_timeout:
     description:
       - Seconds to wait for another run holding the lock on the same vLLM installation.
@@ -997,14 +1005,17 @@ def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Chec
     return new_check
 
 
-def cache_files(source: str, pycache_prefix: str | None) -> list[str]:
-    """Every bytecode file that may cache source, whatever interpreter wrote it."""
+def cache_files(source: str, prefixes: list[str | None]) -> list[str]:
+    """Every bytecode file that may cache source, whatever interpreter wrote it, beside it
+    and under each pycache prefix."""
     folder, name = os.path.split(source)
     stem = name[:-3] if name.endswith(".py") else name
     pattern = re.compile(r"^" + re.escape(stem) + r"\.[A-Za-z0-9_\-]+(\.opt-[12])?\.pyc$")
     places = [os.path.join(folder, "__pycache__")]
-    if pycache_prefix:
-        places.append(os.path.join(pycache_prefix, folder.lstrip(os.sep)))
+    for prefix in prefixes:
+        place = os.path.join(prefix, folder.lstrip(os.sep)) if prefix else None
+        if place and place not in places:
+            places.append(place)
     found = []
     for place in places:
         try:
@@ -1192,8 +1203,13 @@ class Whitelist:
             self.fail(f"interpreter {python} does not exist or is not executable")
         return python
 
-    def ask(self, python: str, script: str, arg: Any = None) -> Any:
-        command = [python, "-B", "-c", script]
+    def ask(
+        self, python: str, script: str, arg: Any = None, pycache_prefix: str | None = None
+    ) -> Any:
+        command = [python, "-B"]
+        if pycache_prefix:
+            command += ["-X", f"pycache_prefix={pycache_prefix}"]
+        command += ["-c", script]
         if arg is not None:
             command.append(json.dumps(arg))
         rc, out, err = self.module.run_command(command, environ_update={"PYTHONSAFEPATH": "1"})
@@ -1230,6 +1246,9 @@ class Whitelist:
 
     def run(self) -> NoReturn:
         state = self.p["state"]
+        prefix = self.p["pycache_prefix"]
+        if prefix is not None and not os.path.isabs(prefix):
+            self.fail(f"pycache_prefix must be an absolute path, not {prefix!r}")
         types = self.requested_types()
         self.result["model_types"] = types
         target = self.discover()
@@ -1315,16 +1334,17 @@ class Whitelist:
                 "Nothing was written"
             )
         self.result["whitelist"] = "absent"
-        served = self.served(target, path, [])
-        names = set(served.get("varnames", []))
-        if not served["found"] or names & {
-            "eagle3_target_supported",
-            "aux_hidden_states_supported",
-        }:
-            self.fail(
-                f"{path} has no check, but the code {target.python} would run for it does: "
-                "a stale bytecode cache?"
-            )
+        for who, prefix in self.environments(target):
+            served = self.served(target, path, [], prefix)
+            names = set(served.get("varnames", []))
+            if not served["found"] or names & {
+                "eagle3_target_supported",
+                "aux_hidden_states_supported",
+            }:
+                self.fail(
+                    f"{path} has no check, but the code {who} would run for it does: "
+                    "a stale bytecode cache?"
+                )
         self.result["verified"] = True
         self.result["msg"] = (
             f"vLLM {self.result['vllm_version']} has no EAGLE-3 target whitelist; nothing to do"
@@ -1374,7 +1394,7 @@ class Whitelist:
             new_data=new_data,
             new_check=new_check,
             expected=sorted(check.base_entries + ours),
-            caches=cache_files(src.path, target.pycache_prefix),
+            caches=cache_files(src.path, self.cache_prefixes(target)),
         )
 
     def entries_after(self, check: Check, state: str, types: list[str]) -> list[str]:
@@ -1408,14 +1428,16 @@ class Whitelist:
     def settled(self, target: Target, plan: Plan) -> None:
         """With nothing to edit: exit when the interpreter serves the source; return when it
         serves other code and there are caches to remove."""
-        served = self.served(target, plan.path, self.span_list(plan.src, plan.check))
-        if served["found"] and sorted(served["strings"]) == plan.expected:
+        spans = self.span_list(plan.src, plan.check)
+        wrong = self.wrong_code(target, plan.path, spans, plan.expected)
+        if wrong is None:
             self.result["verified"] = True
             self.finish("nothing to change")
+        who, served = wrong
         # the source is right but the import system serves other code: stale cache
         if not plan.caches:
             self.fail(
-                f"{plan.path} holds {plan.expected} but {target.python} would execute "
+                f"{plan.path} holds {plan.expected} but {who} would execute "
                 f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
                 "and there is no cache file to remove",
                 served=served,
@@ -1450,7 +1472,10 @@ class Whitelist:
                 self.fail(f"cannot remove {cache}: {exc.strerror}")
         if self.p["recompile"]:
             r["recompiled"] = self.ask(
-                target.python, RECOMPILE, {"source": plan.path, "items": modes}
+                target.python,
+                RECOMPILE,
+                {"source": plan.path, "items": modes},
+                pycache_prefix=self.p["pycache_prefix"],
             )
 
     # ---- prove: what the interpreter would execute now --------------------------------
@@ -1459,12 +1484,14 @@ class Whitelist:
         final = Source(plan.path, plan.new_data)
         _func, final_check = find_check(final)
         assert final_check is not None
-        served = self.served(target, plan.path, self.span_list(final, final_check))
-        if served["found"] and sorted(served["strings"]) == plan.expected:
+        spans = self.span_list(final, final_check)
+        wrong = self.wrong_code(target, plan.path, spans, plan.expected)
+        if wrong is None:
             return
+        who, served = wrong
         got = sorted(served["strings"]) if served["found"] else "no such function"
         self.fail(
-            f"after the edit {target.python} would still execute {got}, expected "
+            f"after the edit {who} would still execute {got}, expected "
             f"{plan.expected} (cache {served.get('cache')}, flags {served.get('cache_flags')})",
             served=served,
         )
@@ -1482,7 +1509,7 @@ class Whitelist:
             except OSError as exc:
                 note = f"; putting the original file back failed: {exc}"
             if self.p["recompile"]:
-                for cache in cache_files(plan.path, target.pycache_prefix):
+                for cache in cache_files(plan.path, self.cache_prefixes(target)):
                     with contextlib.suppress(OSError):
                         os.unlink(cache)
         try:
@@ -1501,7 +1528,34 @@ class Whitelist:
             for n in check.spans
         ]
 
-    def served(self, target: Target, path: str, spans: list[list[int]]) -> Any:
+    def cache_prefixes(self, target: Target) -> list[str | None]:
+        """The pycache prefixes whose trees may cache the source: the interpreter's own in the
+        module's environment, and the serving process's."""
+        return [target.pycache_prefix, self.p["pycache_prefix"]]
+
+    def environments(self, target: Target) -> list[tuple[str, str | None]]:
+        """(who, pycache prefix) for each process the proof is made for: the interpreter in
+        the module's environment, then with the serving process's prefix when given."""
+        prefix = self.p["pycache_prefix"]
+        found = [(target.python, None)]
+        if prefix:
+            found.append((f"{target.python} with pycache_prefix {prefix}", prefix))
+        return found
+
+    def wrong_code(
+        self, target: Target, path: str, spans: list[list[int]], expected: list[str]
+    ) -> tuple[str, Any] | None:
+        """(who, its answer) for the first process that would not execute the expected
+        entries; None when every one would."""
+        for who, prefix in self.environments(target):
+            served = self.served(target, path, spans, prefix)
+            if not (served["found"] and sorted(served["strings"]) == expected):
+                return who, served
+        return None
+
+    def served(
+        self, target: Target, path: str, spans: list[list[int]], prefix: str | None = None
+    ) -> Any:
         rel = os.path.relpath(path, os.path.dirname(target.package))[: -len(".py")]
         parts = rel.split(os.sep)
         if parts[-1] == "__init__":
@@ -1517,6 +1571,7 @@ class Whitelist:
                 "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
                 "spans": spans,
             },
+            pycache_prefix=prefix,
         )
         if "error" in served:
             self.fail(served["error"])
@@ -1577,8 +1632,9 @@ class Whitelist:
     def compilable(self, target: Target, path: str) -> None:
         """Fail unless the recompile step can write where the interpreter keeps the cache."""
         folder, name = os.path.split(path)
-        if target.pycache_prefix:
-            place = os.path.join(target.pycache_prefix, folder.lstrip(os.sep))
+        prefix = self.p["pycache_prefix"] or target.pycache_prefix
+        if prefix:
+            place = os.path.join(prefix, folder.lstrip(os.sep))
         else:
             place = os.path.join(folder, "__pycache__")
         while not os.path.lexists(place) and os.path.dirname(place) != place:
@@ -1632,6 +1688,7 @@ def main() -> None:
             "state": {"type": "str", "default": "present", "choices": ["absent", "present"]},
             "backup": {"type": "bool", "default": False},
             "recompile": {"type": "bool", "default": False},
+            "pycache_prefix": {"type": "path"},
             "lock_timeout": {"type": "int", "default": 60},
         },
         mutually_exclusive=[("model_types", "from_model")],
