@@ -122,6 +122,8 @@ def test_profile_vars_for_every_profile(role: str) -> None:
     assert set(PROFILES) <= found, f"{role}: vars for {sorted(set(PROFILES) - found)} missing"
     names = {p: frozenset(load(ROOT / "roles" / role / "vars" / f"{p}.yml")) for p in PROFILES}
     assert len(set(names.values())) == 1, f"{role}: profiles set different names: {names}"
+    main = (ROOT / "roles" / role / "tasks" / "main.yml").read_text()
+    assert 'include_vars: "{{ specfleet_accelerator }}.yml"' in main, f"{role} never loads them"
 
 
 def test_profiles_are_one_list() -> None:

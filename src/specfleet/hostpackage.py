@@ -26,6 +26,8 @@ HOST_MODULES: tuple[str, ...] = (
     "specfleet/speculative.py",
     "specfleet/metrics.py",
     "specfleet/gate.py",
+    "specfleet/serve.py",
+    "specfleet/drafter_store.py",
     "specfleet/tinymodels.py",
     "specfleet/drafter/*.py",
 )

@@ -96,6 +96,10 @@ class RunConfig:
     train_extra_args: list[str] = field(
         default_factory=list, metadata=doc("further `speculators train` arguments")
     )
+    reserved_ports: list[int] = field(
+        default_factory=list,
+        metadata=doc("ports the private server must not take (the role: the served port)"),
+    )
     num_speculative_tokens: int = field(
         default=3, metadata=doc("tokens proposed per step when measuring")
     )

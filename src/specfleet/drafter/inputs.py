@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specfleet.drafter.config import RunConfig
+from specfleet.drafter_store import digest_of_files
 
 #: Hidden states are stored in bfloat16.
 HIDDEN_STATE_BYTES = 2
@@ -61,12 +62,10 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def directory_digest(root: Path) -> str:
-    """Content hash of every file under root (names and bytes): a drafter's identity."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(sha256_file(path).encode() + b"\n")
-    return digest.hexdigest()
+    """Content hash of every file under root (names and bytes): a drafter's identity, the
+    one publication computes again as root (specfleet.drafter_store)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return digest_of_files({path.relative_to(root).as_posix(): sha256_file(path) for path in files})
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,11 @@ def preflight(config: RunConfig, count_tokens: Any = None) -> Preflight:
     the host); without it a prompt is estimated at one token per 3 bytes.
     """
     problems: list[str] = []
+    if config.server.port in config.reserved_ports:
+        problems.append(
+            f"server.port {config.server.port} is taken: the speculative server listens on "
+            "it; give the job's private server another port"
+        )
     dataset = Path(config.dataset)
     target = Path(config.target)
     rows: list[dict[str, Any]] = []

@@ -36,11 +36,9 @@ from specfleet.drafter.inputs import (
     sha256_file,
 )
 from specfleet.drafter.progress import Progress, write_json
+from specfleet.drafter_store import DRAFTER_FILES
 
 MANIFEST = "manifest.json"
-#: Files of a speculators checkpoint that make up the deployable drafter (the rest is
-#: optimizer and scheduler state, needed only to resume training).
-DRAFTER_FILES = ("config.json", "model.safetensors")
 
 
 class StageError(RuntimeError):
