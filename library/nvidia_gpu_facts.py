@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import os
 import re
-from typing import Any, NoReturn
+import shlex
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -31,8 +32,14 @@ description:
     C(0x0680), "Bridge, other"), which is how the NVSwitches of HGX A100/H100/H200 boards
     appear to the host. This works before any driver is installed, so a play can decide
     whether to install nvidia-fabricmanager from it.
-  - Also counts NVIDIA GPUs on the PCI bus (classes C(0x0300) VGA and C(0x0302) 3D
-    controller) without the driver.
+  - Also lists NVIDIA GPUs on the PCI bus (classes C(0x0300) VGA and C(0x0302) 3D
+    controller) with their PCI device ids, without the driver. When the sysfs directory
+    cannot be read, C(lspci -Dnmm) is used instead if it is installed.
+  - "An nvidia-smi that exists but cannot reach the driver (a reboot pending after a driver
+    change, a failed DKMS build, C(Driver/library version mismatch), C(couldn't
+    communicate with the NVIDIA driver)) does not fail the module: it reports
+    C(present=false) with nvidia-smi's message in C(error), and the PCI scan still tells
+    how many GPUs the host has, so a play can repair such a host."
   - Changes nothing on the host.
 version_added: "0.1.0"
 options:
@@ -48,7 +55,7 @@ options:
       - When V(false), it returns C(present=false) and C(count=0), with the PCI counts
         from sysfs still filled in (useful before the driver is installed).
       - nvidia-smi that exists but fails (for example because the driver is not loaded)
-        always fails the module, with nvidia-smi's own message.
+        never fails the module; see C(error) in the returned facts.
     type: bool
     default: true
   sysfs_pci_path:
@@ -56,6 +63,11 @@ options:
       - Directory of PCI devices in sysfs that is scanned for NVIDIA GPUs and NVSwitches.
     type: path
     default: /sys/bus/pci/devices
+  nvidia_smi_timeout:
+    description:
+      - Seconds each nvidia-smi call may take before it counts as failed.
+    type: int
+    default: 60
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.facts
@@ -69,7 +81,8 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - nvidia-smi is run without a timeout; a GPU in a bad state can make it hang.
+  - nvidia-smi is run with a timeout (O(nvidia_smi_timeout)); a GPU in a bad state can make
+    it hang, which is then reported in C(error) like any other failure.
   - NVSwitch detection through PCI class C(0x0680) is not verified on NVLink-5 systems
     (HGX B200/GB200), whose switches are managed differently; set the fabric manager
     explicitly there.
@@ -111,6 +124,13 @@ ansible_facts:
           type: bool
           returned: always
           sample: true
+        error:
+          description:
+            - Why nvidia-smi did not answer (its command, exit code and message); null when
+              it answered or was not found.
+          type: str
+          returned: always
+          sample: null
         count:
           description: Number of GPUs nvidia-smi reports.
           type: int
@@ -145,10 +165,19 @@ ansible_facts:
           returned: always
           sample: /usr/bin/nvidia-smi
         pci_gpu_count:
-          description: NVIDIA GPUs (PCI class 0x0300 or 0x0302) seen in sysfs.
+          description: NVIDIA GPUs (PCI class 0x0300 or 0x0302) seen on the PCI bus.
           type: int
           returned: always
           sample: 8
+        pci_gpus:
+          description: The NVIDIA GPUs on the PCI bus, with no driver needed, in bus order.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - pci_bus_id: "0000:18:00.0"
+              device_id: "0x2335"
+              class: "0x030200"
         nvswitch_count:
           description: NVIDIA NVSwitches (PCI class 0x0680) seen in sysfs.
           type: int
@@ -237,23 +266,56 @@ def read_sysfs(path: str) -> str:
         return ""
 
 
-def scan_pci(sysfs_pci_path: str) -> tuple[int, int]:
-    """Count NVIDIA GPUs and NVSwitches among the PCI devices in sysfs."""
-    gpus = 0
-    switches = 0
+def pci_device(bus_id: str, device_id: str, pci_class: str) -> dict[str, str]:
+    return {"pci_bus_id": bus_id, "device_id": device_id, "class": pci_class}
+
+
+def scan_sysfs(sysfs_pci_path: str) -> list[dict[str, str]] | None:
+    """NVIDIA PCI functions in sysfs; None when the directory cannot be read."""
     try:
         entries = sorted(os.listdir(sysfs_pci_path))
     except OSError:
-        return 0, 0
+        return None
+    found = []
     for entry in entries:
         device = os.path.join(sysfs_pci_path, entry)
         if read_sysfs(os.path.join(device, "vendor")) != NVIDIA_PCI_VENDOR:
             continue
-        pci_class = read_sysfs(os.path.join(device, "class"))[:6]
-        if pci_class in GPU_PCI_CLASSES:
-            gpus += 1
-        elif pci_class == NVSWITCH_PCI_CLASS:
-            switches += 1
+        found.append(
+            pci_device(
+                entry,
+                read_sysfs(os.path.join(device, "device")),
+                read_sysfs(os.path.join(device, "class"))[:8],
+            )
+        )
+    return found
+
+
+def scan_lspci(module: AnsibleModule) -> list[dict[str, str]]:
+    """NVIDIA PCI functions from `lspci -Dnmm` (bus id, "class", "vendor", "device", ...)."""
+    lspci = module.get_bin_path("lspci", opt_dirs=["/usr/bin", "/sbin", "/usr/sbin"])
+    if lspci is None:
+        return []
+    rc, out, _ = module.run_command([lspci, "-Dnmm"])
+    if rc != 0:
+        return []
+    found = []
+    for line in out.splitlines():
+        fields = shlex.split(line)
+        if len(fields) < 4 or fields[2].lower() != NVIDIA_PCI_VENDOR[2:]:
+            continue
+        # lspci -n prints the class without its programming interface: 0302 -> 0x030200
+        found.append(pci_device(fields[0], f"0x{fields[3].lower()}", f"0x{fields[1].lower()}00"))
+    return found
+
+
+def scan_pci(module: AnsibleModule) -> tuple[list[dict[str, str]], int]:
+    """NVIDIA GPUs (with their device ids) and the number of NVSwitches on the PCI bus."""
+    devices = scan_sysfs(module.params["sysfs_pci_path"])
+    if devices is None:
+        devices = scan_lspci(module)
+    gpus = [d for d in devices if d["class"][:6] in GPU_PCI_CLASSES]
+    switches = sum(1 for d in devices if d["class"][:6] == NVSWITCH_PCI_CLASS)
     return gpus, switches
 
 
@@ -264,28 +326,37 @@ def find_nvidia_smi(module: AnsibleModule) -> str | None:
     return module.get_bin_path("nvidia-smi", opt_dirs=["/usr/bin", "/bin"])
 
 
-def smi_error(module: AnsibleModule, what: str, rc: int, out: str, err: str) -> NoReturn:
-    message = (err.strip() or out.strip() or "no output").splitlines()
-    module.fail_json(
-        msg=f"{what} failed (rc={rc}): {' '.join(message)[:500]}",
-        rc=rc,
-        stdout=out,
-        stderr=err,
-    )
+class SmiError(Exception):
+    """nvidia-smi ran and failed: the driver cannot be reached, or a GPU is in a bad state."""
+
+
+def run_smi(module: AnsibleModule, cmd: list[str]) -> tuple[int, str, str]:
+    timeout = module.params["nvidia_smi_timeout"]
+    try:
+        return module.run_command(["timeout", str(timeout), *cmd])
+    except OSError as exc:  # not executable, or `timeout` missing
+        raise SmiError(f"{' '.join(cmd)} could not run: {exc}") from exc
+
+
+def smi_failure(cmd: list[str], rc: int, out: str, err: str) -> SmiError:
+    message = " ".join((err.strip() or out.strip() or "no output").splitlines())[:500]
+    if rc == 124:
+        message = f"no answer within the timeout; {message}"
+    return SmiError(f"{' '.join(cmd)} failed (rc={rc}): {message}")
 
 
 def query_gpus(module: AnsibleModule, smi: str) -> list[dict[str, Any]]:
     fields = QUERY_FIELDS
     while True:
         cmd = [smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
-        rc, out, err = module.run_command(cmd)
+        rc, out, err = run_smi(module, cmd)
         if NO_DEVICES_RE.search(out) or NO_DEVICES_RE.search(err):
             return []
         if rc != 0 and "compute_cap" in fields and INVALID_FIELD_RE.search(out + err):
             fields = tuple(field for field in fields if field != "compute_cap")
             continue
         if rc != 0:
-            smi_error(module, " ".join(cmd), rc, out, err)
+            raise smi_failure(cmd, rc, out, err)
         try:
             return parse_query_output(out, fields)
         except ValueError as exc:
@@ -298,18 +369,21 @@ def main() -> None:
             "nvidia_smi_path": {"type": "path"},
             "fail_on_missing": {"type": "bool", "default": True},
             "sysfs_pci_path": {"type": "path", "default": "/sys/bus/pci/devices"},
+            "nvidia_smi_timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
-    pci_gpus, nvswitches = scan_pci(module.params["sysfs_pci_path"])
+    pci_gpus, nvswitches = scan_pci(module)
     facts: dict[str, Any] = {
         "present": False,
+        "error": None,
         "count": 0,
         "driver_version": None,
         "cuda_version": None,
         "gpus": [],
         "nvidia_smi_path": None,
-        "pci_gpu_count": pci_gpus,
+        "pci_gpu_count": len(pci_gpus),
+        "pci_gpus": pci_gpus,
         "nvswitch_count": nvswitches,
         "nvswitch_present": nvswitches > 0,
     }
@@ -323,18 +397,22 @@ def main() -> None:
             )
         module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
 
-    gpus = query_gpus(module, smi)
-    rc, out, err = module.run_command([smi])
-    if rc != 0 and gpus:
-        smi_error(module, f"{smi} (read for its 'CUDA Version' header)", rc, out, err)
-    cuda_version = parse_cuda_version(out)
+    facts["nvidia_smi_path"] = smi
+    try:
+        gpus = query_gpus(module, smi)
+        rc, out, err = run_smi(module, [smi])
+        if rc != 0 and gpus:
+            raise smi_failure([smi], rc, out, err)
+    except SmiError as exc:
+        # The host this module exists to repair: report it, never fail on it.
+        facts["error"] = str(exc)
+        module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
     facts.update(
         present=True,
         count=len(gpus),
         driver_version=gpus[0]["driver_version"] if gpus else None,
-        cuda_version=cuda_version,
+        cuda_version=parse_cuda_version(out),
         gpus=gpus,
-        nvidia_smi_path=smi,
     )
     module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
 
