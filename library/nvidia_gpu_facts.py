@@ -18,8 +18,9 @@ DOCUMENTATION = r"""
 module: nvidia_gpu_facts
 short_description: Gather facts about NVIDIA GPUs, the driver, CUDA and NVSwitches
 description:
-  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,pci.bus_id
-    --format=csv,noheader,nounits) and parses every row with Python's C(csv) module.
+  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,
+    pci.bus_id,persistence_mode --format=csv,noheader,nounits) and parses every row with
+    Python's C(csv) module.
   - "Reads the CUDA version (the highest CUDA version the driver supports) from the
     C(CUDA Version: X.Y) field of the header of a plain C(nvidia-smi) run, because
     C(--query-gpu) has no CUDA version field."
@@ -31,7 +32,11 @@ description:
   - Detects NVSwitches from the PCI devices in sysfs (vendor C(0x10de), PCI class
     C(0x0680), "Bridge, other"), which is how the NVSwitches of HGX A100/H100/H200 boards
     appear to the host. This works before any driver is installed, so a play can decide
-    whether to install nvidia-fabricmanager from it.
+    whether to install nvidia-fabricmanager from it. Once the driver is loaded, the
+    NVSwitches it registered (C(/proc/driver/nvidia-nvswitch/devices/)) count as well.
+  - Reads the version and flavour (open or proprietary) of the loaded kernel module from
+    C(/proc/driver/nvidia/version), which answers even when nvidia-smi does not (a
+    version mismatch after an upgrade shows there as the old module's version).
   - Also lists NVIDIA GPUs on the PCI bus (classes C(0x0300) VGA and C(0x0302) 3D
     controller) with their PCI device ids, without the driver. When the sysfs directory
     cannot be read, C(lspci -Dnmm) is used instead if it is installed.
@@ -63,6 +68,11 @@ options:
       - Directory of PCI devices in sysfs that is scanned for NVIDIA GPUs and NVSwitches.
     type: path
     default: /sys/bus/pci/devices
+  procfs_path:
+    description:
+      - Mount point of procfs, where the loaded NVIDIA kernel modules report themselves.
+    type: path
+    default: /proc
   nvidia_smi_timeout:
     description:
       - Seconds each nvidia-smi call may take before it counts as failed.
@@ -159,6 +169,24 @@ ansible_facts:
               driver_version: "580.95.05"
               compute_capability: "9.0"
               pci_bus_id: "00000000:18:00.0"
+              persistence_mode: true
+        persistence_mode:
+          description:
+            - Whether persistence mode is on for every GPU; null when nvidia-smi did not
+              answer or reports it for none.
+          type: bool
+          returned: always
+          sample: true
+        kernel_module_version:
+          description: Version of the loaded nvidia kernel module; null when none is loaded.
+          type: str
+          returned: always
+          sample: "580.95.05"
+        kernel_module_flavour:
+          description: C(open) or C(proprietary) for the loaded module; null when none is loaded.
+          type: str
+          returned: always
+          sample: open
         nvidia_smi_path:
           description: The nvidia-smi that was run; null when none was found.
           type: str
@@ -183,8 +211,13 @@ ansible_facts:
           type: int
           returned: always
           sample: 4
+        nvswitch_driver_count:
+          description: NVSwitches the loaded driver registered (/proc/driver/nvidia-nvswitch).
+          type: int
+          returned: always
+          sample: 4
         nvswitch_present:
-          description: Whether at least one NVSwitch was seen.
+          description: Whether at least one NVSwitch was seen, on the PCI bus or by the driver.
           type: bool
           returned: always
           sample: true
@@ -198,6 +231,7 @@ QUERY_FIELDS = (
     "driver_version",
     "compute_cap",
     "pci.bus_id",
+    "persistence_mode",
 )
 NVIDIA_PCI_VENDOR = "0x10de"
 GPU_PCI_CLASSES = ("0x0300", "0x0302")
@@ -205,6 +239,10 @@ NVSWITCH_PCI_CLASS = "0x0680"
 CUDA_VERSION_RE = re.compile(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)*)")
 NO_DEVICES_RE = re.compile(r"No devices were found", re.IGNORECASE)
 INVALID_FIELD_RE = re.compile(r'Field "compute_cap" is not a valid field', re.IGNORECASE)
+# First line of /proc/driver/nvidia/version, e.g. "NVRM version: NVIDIA UNIX Open Kernel
+# Module for x86_64  580.95.05  Release Build ..." or "NVRM version: NVIDIA UNIX x86_64
+# Kernel Module  550.127.08  Tue Oct  8 ...".
+NVRM_RE = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 
 
 def clean_value(raw: str) -> str | None:
@@ -213,6 +251,11 @@ def clean_value(raw: str) -> str | None:
     if not value or (value.startswith("[") and value.endswith("]")) or value == "N/A":
         return None
     return value
+
+
+def to_bool(value: str | None) -> bool | None:
+    """nvidia-smi's Enabled/Disabled; None for anything else."""
+    return {"enabled": True, "disabled": False}.get((value or "").lower())
 
 
 def to_int(value: str | None) -> int | None:
@@ -247,6 +290,7 @@ def parse_query_output(text: str, fields: tuple[str, ...]) -> list[dict[str, Any
                 "driver_version": cells["driver_version"],
                 "compute_capability": cells.get("compute_cap"),
                 "pci_bus_id": cells["pci.bus_id"],
+                "persistence_mode": to_bool(cells["persistence_mode"]),
             }
         )
     return gpus
@@ -264,6 +308,27 @@ def read_sysfs(path: str) -> str:
             return handle.read().strip().lower()
     except OSError:
         return ""
+
+
+def loaded_kernel_module(procfs_path: str) -> tuple[str | None, str | None]:
+    """(version, flavour) of the loaded nvidia.ko, from /proc/driver/nvidia/version."""
+    try:
+        with open(os.path.join(procfs_path, "driver", "nvidia", "version")) as handle:
+            text = handle.read()
+    except OSError:
+        return None, None
+    match = NVRM_RE.search(text)
+    if match is None:
+        return None, None
+    return match.group(1), "open" if "Open Kernel Module" in match.group(0) else "proprietary"
+
+
+def driver_nvswitches(procfs_path: str) -> int:
+    """NVSwitches registered by the loaded driver (one directory each)."""
+    try:
+        return len(os.listdir(os.path.join(procfs_path, "driver", "nvidia-nvswitch", "devices")))
+    except OSError:
+        return 0
 
 
 def pci_device(bus_id: str, device_id: str, pci_class: str) -> dict[str, str]:
@@ -326,6 +391,13 @@ def find_nvidia_smi(module: AnsibleModule) -> str | None:
     return module.get_bin_path("nvidia-smi", opt_dirs=["/usr/bin", "/bin"])
 
 
+def all_enabled(values: list[bool | None]) -> bool | None:
+    """True when every GPU reports True; None when none reports anything."""
+    if all(value is None for value in values):
+        return None
+    return all(value is True for value in values)
+
+
 class SmiError(Exception):
     """nvidia-smi ran and failed: the driver cannot be reached, or a GPU is in a bad state."""
 
@@ -369,11 +441,14 @@ def main() -> None:
             "nvidia_smi_path": {"type": "path"},
             "fail_on_missing": {"type": "bool", "default": True},
             "sysfs_pci_path": {"type": "path", "default": "/sys/bus/pci/devices"},
+            "procfs_path": {"type": "path", "default": "/proc"},
             "nvidia_smi_timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
     pci_gpus, nvswitches = scan_pci(module)
+    switches_in_driver = driver_nvswitches(module.params["procfs_path"])
+    module_version, module_flavour = loaded_kernel_module(module.params["procfs_path"])
     facts: dict[str, Any] = {
         "present": False,
         "error": None,
@@ -381,11 +456,15 @@ def main() -> None:
         "driver_version": None,
         "cuda_version": None,
         "gpus": [],
+        "persistence_mode": None,
         "nvidia_smi_path": None,
+        "kernel_module_version": module_version,
+        "kernel_module_flavour": module_flavour,
         "pci_gpu_count": len(pci_gpus),
         "pci_gpus": pci_gpus,
         "nvswitch_count": nvswitches,
-        "nvswitch_present": nvswitches > 0,
+        "nvswitch_driver_count": switches_in_driver,
+        "nvswitch_present": nvswitches > 0 or switches_in_driver > 0,
     }
     smi = find_nvidia_smi(module)
     if smi is None:
@@ -413,6 +492,7 @@ def main() -> None:
         driver_version=gpus[0]["driver_version"] if gpus else None,
         cuda_version=parse_cuda_version(out),
         gpus=gpus,
+        persistence_mode=all_enabled([gpu["persistence_mode"] for gpu in gpus]),
     )
     module.exit_json(changed=False, ansible_facts={"nvidia_gpu": facts})
 

@@ -178,13 +178,14 @@ def test_eight_h200_with_fake_nvidia_smi_via_ansible_cli(tmp_path: Path) -> None
         "driver_version": "570.124.06",
         "compute_capability": "9.0",
         "pci_bus_id": "00000000:18:00.0",
+        "persistence_mode": True,
     }
     assert isinstance(first["memory_total_mib"], int)
     assert isinstance(first["compute_capability"], str)
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert calls[0] == (
-        "--query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,pci.bus_id "
-        "--format=csv,noheader,nounits"
+        "--query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,pci.bus_id,"
+        "persistence_mode --format=csv,noheader,nounits"
     )
 
 
@@ -318,6 +319,86 @@ def test_pci_scan_falls_back_to_fake_lspci_without_sysfs(tmp_path: Path) -> None
     assert facts["nvswitch_count"] == 1
 
 
+def test_persistence_mode_with_fake_nvidia_smi(tmp_path: Path) -> None:
+    on = write_fake_nvidia_smi(tmp_path / "on", H200_ROWS)
+    rc, result = run_module_process({"nvidia_smi_path": str(on)}, tmp_path)
+    assert rc == 0, result
+    facts = result["ansible_facts"]["nvidia_gpu"]
+    assert facts["persistence_mode"] is True
+    assert {gpu["persistence_mode"] for gpu in facts["gpus"]} == {True}
+
+    # Ubuntu's nvidia-persistenced unit passes --no-persistence-mode: one GPU left off
+    # is enough for the fact to be false.
+    mixed = [*H200_ROWS[:7], {**H200_ROWS[7], "persistence_mode": "Disabled"}]
+    off = write_fake_nvidia_smi(tmp_path / "off", mixed)
+    rc, result = run_module_process({"nvidia_smi_path": str(off)}, tmp_path)
+    facts = result["ansible_facts"]["nvidia_gpu"]
+    assert facts["persistence_mode"] is False
+    assert [gpu["persistence_mode"] for gpu in facts["gpus"]] == [True] * 7 + [False]
+
+
+NVRM_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
+    "(dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:55:41 UTC 2025\n"
+    "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"
+)
+NVRM_PROPRIETARY = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue Oct  8 13:52:05 UTC 2024\n"
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+)
+
+
+def fake_procfs(directory: Path, nvrm: str | None, nvswitches: int = 0) -> Path:
+    """A fake /proc with the files the NVIDIA kernel modules create."""
+    proc = directory / "proc"
+    if nvrm is not None:
+        (proc / "driver" / "nvidia").mkdir(parents=True)
+        (proc / "driver" / "nvidia" / "version").write_text(nvrm)
+    if nvswitches:
+        devices = proc / "driver" / "nvidia-nvswitch" / "devices"
+        for i in range(nvswitches):
+            (devices / f"0000:{0x05 + i:02x}:00.0").mkdir(parents=True)
+    proc.mkdir(exist_ok=True)
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("nvrm", "version", "flavour"),
+    [(NVRM_OPEN, "580.95.05", "open"), (NVRM_PROPRIETARY, "550.127.08", "proprietary"),
+     (None, None, None)],
+)  # fmt: skip
+def test_loaded_kernel_module_from_fake_procfs(
+    tmp_path: Path, nvrm: str | None, version: str | None, flavour: str | None
+) -> None:
+    proc = fake_procfs(tmp_path, nvrm)
+    rc, result = run_module_process(
+        {"nvidia_smi_path": str(tmp_path / "nope"), "fail_on_missing": False,
+         "procfs_path": str(proc)},
+        tmp_path,
+    )  # fmt: skip
+    assert rc == 0, result
+    facts = result["ansible_facts"]["nvidia_gpu"]
+    assert facts["kernel_module_version"] == version
+    assert facts["kernel_module_flavour"] == flavour
+
+
+def test_nvswitches_seen_by_the_driver_in_fake_procfs(tmp_path: Path) -> None:
+    # NVSwitches the driver registered count even when sysfs shows no class 0x0680
+    # function (a VM with the switches passed through under another class, say).
+    proc = fake_procfs(tmp_path, NVRM_OPEN, nvswitches=4)
+    sysfs = hgx_sysfs(tmp_path, gpus=8, switches=0)
+    rc, result = run_module_process(
+        {"nvidia_smi_path": str(tmp_path / "nope"), "fail_on_missing": False,
+         "procfs_path": str(proc), "sysfs_pci_path": str(sysfs)},
+        tmp_path,
+    )  # fmt: skip
+    assert rc == 0, result
+    facts = result["ansible_facts"]["nvidia_gpu"]
+    assert facts["nvswitch_count"] == 0
+    assert facts["nvswitch_driver_count"] == 4
+    assert facts["nvswitch_present"] is True
+
+
 def test_no_devices_with_fake_nvidia_smi(tmp_path: Path) -> None:
     smi = write_fake_nvidia_smi(tmp_path, [], mode="no_devices")
     rc, result = run_module_process({"nvidia_smi_path": str(smi)}, tmp_path)
@@ -336,7 +417,7 @@ def test_garbled_output_fails_with_fake_nvidia_smi(tmp_path: Path) -> None:
     rc, result = run_module_process({"nvidia_smi_path": str(smi)}, tmp_path)
     assert rc != 0
     assert "cannot parse nvidia-smi output" in result["msg"]
-    assert "expected 7" in result["msg"]
+    assert "expected 8" in result["msg"]
 
 
 def test_missing_nvidia_smi_fails_by_default(tmp_path: Path) -> None:
