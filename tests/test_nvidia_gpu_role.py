@@ -288,6 +288,8 @@ RENDER_PLAY = """\
         - {{src: cuda.sources.j2, dest: cuda.sources}}
         - {{src: nvidia-driver.pref.j2, dest: nvidia-driver.pref}}
         - {{src: blacklist-nouveau.conf.j2, dest: blacklist-nouveau.conf}}
+        - {{src: specfleet-nvidia-devices.service.j2, dest: specfleet-nvidia-devices.service}}
+        - {{src: specfleet-nvidia-modules.conf.j2, dest: specfleet-nvidia-modules.conf}}
 
     - name: Resolved internal values
       ansible.builtin.copy:
@@ -304,6 +306,8 @@ RENDER_PLAY = """\
           toolkit_package: "{{{{ __nvidia_gpu_cuda_toolkit_package }}}}"
           headers_package: "linux-headers-{{{{ ansible_facts.kernel }}}}"
           pin_version: "{{{{ __nvidia_gpu_pin_version }}}}"
+          device_nodes_script: "{{{{ __nvidia_gpu_device_nodes_script }}}}"
+          device_nodes_unit: "{{{{ __nvidia_gpu_device_nodes_unit }}}}"
 """
 
 VARIANTS: dict[str, dict[str, object]] = {
@@ -461,6 +465,207 @@ def test_nouveau_blacklist_rendered(rendered: Path, host: str):
         if line and not line.startswith("#")
     ]
     assert lines == ["blacklist nouveau", "options nouveau modeset=0"]
+
+
+# --- device nodes for sandboxed services ----------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PROC_580 = FIXTURES / "proc-nvidia-580-hgx-h200"
+DEVICE_NODES_SCRIPT = ROLE / "files" / "specfleet-nvidia-device-nodes"
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit file as {section: {key: [values, in order]}}."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+@pytest.mark.parametrize("host", list(VARIANTS))
+def test_device_node_unit_rendered(rendered: Path, host: str):
+    values = json.loads((rendered / host / "values.json").read_text())
+    # main's server and training units Require= and order After= exactly this name.
+    assert values["device_nodes_unit"] == "specfleet-nvidia-devices.service"
+    unit = parse_unit((rendered / host / "specfleet-nvidia-devices.service").read_text())
+    assert unit["Service"]["Type"] == ["oneshot"]
+    assert unit["Service"]["RemainAfterExit"] == ["yes"]
+    assert unit["Service"]["ExecStart"] == [values["device_nodes_script"]]
+    after = " ".join(unit["Unit"]["After"]).split()
+    assert "systemd-modules-load.service" in after
+    assert "nvidia-persistenced.service" in " ".join(unit["Unit"]["Before"]).split()
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    # nothing in it may depend on the sandbox it serves
+    assert not any(
+        key.startswith(("Device", "NoNewPrivileges", "Private")) for key in unit["Service"]
+    )
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_device_node_unit_verified_by_systemd(rendered: Path, tmp_path: Path):
+    text = (rendered / "ubuntu2404" / "specfleet-nvidia-devices.service").read_text()
+    values = json.loads((rendered / "ubuntu2404" / "values.json").read_text())
+    # systemd-analyze checks that ExecStart's program exists: point it at the real script
+    text = text.replace(values["device_nodes_script"], str(DEVICE_NODES_SCRIPT))
+    unit = tmp_path / "specfleet-nvidia-devices.service"
+    unit.write_text(text)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    problems = [
+        line
+        for line in proc.stderr.splitlines()
+        # units this one names but which this machine lacks (no NVIDIA driver here)
+        if "nvidia-persistenced.service" not in line
+    ]
+    assert proc.returncode == 0 or not problems, proc.stderr
+    assert not problems, proc.stderr
+
+
+@pytest.mark.parametrize("host", list(VARIANTS))
+def test_nvidia_uvm_loaded_at_boot(rendered: Path, host: str):
+    lines = [
+        line.strip()
+        for line in (rendered / host / "specfleet-nvidia-modules.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == ["nvidia-uvm"]
+
+
+def run_device_nodes(
+    tmp_path: Path,
+    proc: Path,
+    *,
+    modprobe_rc: int = 0,
+    nvidia_modprobe: bool = False,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the device-node script against a /proc fixture and an empty /dev.
+
+    Loading a kernel module cannot happen here: `modprobe` (and `nvidia-modprobe`) are
+    FAKES on PATH that log their arguments. mknod is real.
+    """
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls.log"
+    fake = f'#!/bin/sh\necho "$(basename "$0") $*" >> {log}\nexit {{rc}}\n'
+    (bin_dir / "modprobe").write_text(fake.format(rc=modprobe_rc))
+    (bin_dir / "modprobe").chmod(0o755)
+    if nvidia_modprobe:
+        (bin_dir / "nvidia-modprobe").write_text(fake.format(rc=0))
+        (bin_dir / "nvidia-modprobe").chmod(0o755)
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    proc_run = subprocess.run(
+        [str(DEVICE_NODES_SCRIPT)],
+        env={
+            "PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "NVIDIA_DEVICE_NODES_PROC": str(proc),
+            "NVIDIA_DEVICE_NODES_DEV": str(dev),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return proc_run, dev
+
+
+def char_nodes(dev: Path) -> dict[str, tuple[int, int, int]]:
+    """name -> (major, minor, permission bits) of the character devices in dev."""
+    nodes = {}
+    for path in dev.iterdir():
+        st = path.lstat()
+        if os.path.stat.S_ISCHR(st.st_mode):
+            nodes[path.name] = (os.major(st.st_rdev), os.minor(st.st_rdev), st.st_mode & 0o777)
+    return nodes
+
+
+def can_mknod(tmp_path: Path) -> bool:
+    try:
+        os.mknod(tmp_path / "probe", 0o600 | os.path.stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        return False
+    (tmp_path / "probe").unlink()
+    return True
+
+
+@pytest.fixture
+def mknod_allowed(tmp_path: Path) -> None:
+    if not can_mknod(tmp_path):
+        pytest.skip("creating device nodes needs root (CAP_MKNOD)")
+
+
+def test_device_nodes_from_a_580_proc_fixture(tmp_path: Path, mknod_allowed: None):
+    result, dev = run_device_nodes(tmp_path, PROC_580)
+    assert result.returncode == 0, result.stdout + result.stderr
+    nodes = char_nodes(dev)
+    assert nodes == {
+        **{f"nvidia{i}": (195, i, 0o666) for i in range(8)},
+        "nvidiactl": (195, 255, 0o666),
+        "nvidia-uvm": (238, 0, 0o666),
+        "nvidia-uvm-tools": (238, 1, 0o666),
+    }
+    assert (tmp_path / "calls.log").read_text() == "modprobe nvidia-uvm\n"
+    # a second run changes nothing
+    again, _ = run_device_nodes(tmp_path, PROC_580)
+    assert again.returncode == 0
+    assert "created" not in again.stdout
+    assert char_nodes(dev) == nodes
+
+
+def test_device_nodes_replace_a_stale_uvm_node(tmp_path: Path, mknod_allowed: None):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    # nvidia-uvm was reloaded under another dynamic major since this node was made
+    os.mknod(dev / "nvidia-uvm", 0o666 | os.path.stat.S_IFCHR, os.makedev(511, 0))
+    result, dev = run_device_nodes(tmp_path, PROC_580)
+    assert result.returncode == 0, result.stderr
+    assert "replacing" in result.stdout
+    assert char_nodes(dev)["nvidia-uvm"] == (238, 0, 0o666)
+
+
+def test_device_nodes_with_an_older_driver_and_nvidia_modprobe(tmp_path: Path, mknod_allowed: None):
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC_580, proc)
+    # drivers before 550 name major 195 "nvidia-frontend"
+    shutil.copy(FIXTURES / "proc-devices-nvidia-535.txt", proc / "devices")
+    result, dev = run_device_nodes(tmp_path, proc, nvidia_modprobe=True)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls[0] == "modprobe nvidia-uvm"
+    assert calls[1:] == [f"nvidia-modprobe -c {i} -u" for i in range(8)]
+    nodes = char_nodes(dev)
+    assert nodes["nvidiactl"] == (195, 255, 0o666)
+    assert nodes["nvidia-uvm"] == (238, 0, 0o666)
+
+
+def test_device_nodes_fail_clearly_without_the_module(tmp_path: Path):
+    result, dev = run_device_nodes(tmp_path, PROC_580, modprobe_rc=1)
+    assert result.returncode == 1
+    assert "cannot load nvidia-uvm" in result.stderr
+    assert list(dev.iterdir()) == []
+
+
+def test_device_nodes_fail_clearly_when_uvm_has_no_major(tmp_path: Path):
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC_580, proc)
+    devices = (proc / "devices").read_text().replace("238 nvidia-uvm\n", "")
+    (proc / "devices").write_text(devices)
+    result, _ = run_device_nodes(tmp_path, proc)
+    assert result.returncode == 1
+    assert "no nvidia-uvm character device" in result.stderr
 
 
 # --- runs of the role on localhost that must change nothing ---------------------------
