@@ -11,6 +11,8 @@ reboot handlers' conditions exercised in check mode.
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import re
@@ -18,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -238,6 +242,7 @@ TASK_KEYS = {
     "failed_when",
     "tags",
     "vars",
+    "check_mode",
 }
 
 
@@ -307,7 +312,50 @@ RENDER_PLAY = """\
           headers_package: "linux-headers-{{{{ ansible_facts.kernel }}}}"
           pin_version: "{{{{ __nvidia_gpu_pin_version }}}}"
           device_nodes_script: "{{{{ __nvidia_gpu_device_nodes_script }}}}"
+          held_packages: "{{{{ __nvidia_gpu_held_packages }}}}"
+          pinning_package: "{{{{ __nvidia_gpu_pinning_package }}}}"
           device_nodes_unit: "{{{{ __nvidia_gpu_device_nodes_unit }}}}"
+"""
+
+
+def dpkg(version: str, *names: str) -> dict[str, list[dict[str, str]]]:
+    """package_facts entries (apt manager) for packages of one version."""
+    return {name: [{"name": name, "version": version, "source": "apt"}] for name in names}
+
+
+# What package_facts reports on an Ubuntu 24.04 HGX host after the 580 driver, the
+# fabric manager and the CUDA toolkit were installed from NVIDIA's repository.
+INSTALLED_UBUNTU_580 = {
+    **dpkg("580.95.05-0ubuntu1", "nvidia-open", "nvidia-driver-580-open", "nvidia-dkms-580-open",
+           "nvidia-kernel-source-580-open", "nvidia-kernel-common-580", "nvidia-firmware-580",
+           "libnvidia-compute-580", "libnvidia-cfg1-580", "libnvidia-gl-580",
+           "libnvidia-common-580", "libnvidia-decode-580", "libnvidia-encode-580",
+           "libnvidia-extra-580", "libnvidia-fbc1-580", "nvidia-utils-580",
+           "nvidia-compute-utils-580", "xserver-xorg-video-nvidia-580", "nvidia-modprobe",
+           "nvidia-settings", "libxnvctrl0"),
+    **dpkg("580.95.05-1", "nvidia-fabricmanager-580", "libnvidia-nscq-580"),
+    # not the driver: other versions, or other packages that match the name patterns
+    **dpkg("580-1ubuntu1", "nvidia-driver-pinning-580"),
+    **dpkg("1.17.8-1", "nvidia-container-toolkit", "libnvidia-container1"),
+    **dpkg("1:1.1.13-1build1", "libnvidia-egl-wayland1"),
+    **dpkg("13.0.88-1", "libnvjitlink-13-0", "cuda-nvcc-13-0"),
+    **dpkg("1.8-3build1", "libnvme1"),
+    **dpkg("2.39-0ubuntu8.4", "libc6"),
+}  # fmt: skip
+
+# `apt-cache policy nvidia-driver-pinning-580.95.05 nvidia-driver-pinning-580` where the
+# repository has no package for the exact version.
+APT_POLICY_PINNING = """\
+nvidia-driver-pinning-580.95.05:
+  Installed: (none)
+  Candidate: (none)
+  Version table:
+nvidia-driver-pinning-580:
+  Installed: (none)
+  Candidate: 580-1ubuntu1
+  Version table:
+     580-1ubuntu1 600
+        600 https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64  Packages
 """
 
 VARIANTS: dict[str, dict[str, object]] = {
@@ -316,6 +364,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     "ubuntu2404": {"platform": "ubuntu2404"},
     "debian12": {"platform": "debian12"},
     "ubuntu2404-arm": {"platform": "ubuntu2404-arm"},
+    "ubuntu2404-installed": {
+        "platform": "ubuntu2404",
+        "facts": {"packages": INSTALLED_UBUNTU_580},
+        # what `apt-cache policy` printed (driver.yml): the repository has the branch's
+        # pinning package only
+        "__nvidia_gpu_pinning_policy": {"stdout": APT_POLICY_PINNING},
+    },
     "debian12-proprietary-exact": {
         "platform": "debian12",
         "nvidia_gpu_kernel_modules": "proprietary",
@@ -325,19 +380,115 @@ VARIANTS: dict[str, dict[str, object]] = {
 }
 
 
+# Hosts whose NVIDIA repository is the local test repository of apt_repos (an HTTP
+# server on 127.0.0.1), so that apt itself can resolve their pins.
+MIRROR_VARIANTS: dict[str, dict[str, object]] = {
+    "ubuntu2204-mirror": {"platform": "ubuntu2204"},
+    "ubuntu2204-mirror-exact": {"platform": "ubuntu2204", "nvidia_gpu_driver_version": "580.82.07"},
+}
+
+
+def build_deb(out: Path, name: str, version: str, source: str) -> None:
+    """An empty .deb with the given control fields (apt only reads its metadata here)."""
+    root = out.parent / "build" / f"{name}_{version}"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nSource: {source}\nVersion: {version}\nArchitecture: all\n"
+        "Maintainer: specfleet tests <tests@example.invalid>\nDescription: test package\n"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["dpkg-deb", "--build", "-Zgzip", str(root), str(out / f"{name}_{version}_all.deb")],
+        check=True,
+        capture_output=True,
+    )
+
+
+def flat_repo(path: Path, origin: str, packages: list[tuple[str, str, str]]) -> None:
+    """A flat apt repository ("Suites: /") whose Release names its origin."""
+    for name, version, source in packages:
+        build_deb(path, name, version, source)
+    index = subprocess.run(
+        ["dpkg-scanpackages", "--multiversion", ".", "/dev/null"],
+        cwd=path,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    (path / "Packages").write_text(index)
+    (path / "Release").write_text(
+        f"Origin: {origin}\nLabel: {origin}\nSuite: test\nCodename: test\n"
+        "Date: Thu, 01 Jan 2026 00:00:00 UTC\nArchitectures: all amd64\n"
+    )
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def apt_repos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """NVIDIA's repository over HTTP on 127.0.0.1, Ubuntu's archive as a file: repository.
+
+    Package names, versions and source packages as both publish them: Ubuntu's archive
+    builds the same 580 driver (nvidia-graphics-drivers-580) under the same names, and
+    ships helpers such as egl-wayland that NVIDIA's driver packages depend on.
+    """
+    if shutil.which("dpkg-deb") is None or shutil.which("dpkg-scanpackages") is None:
+        yield {}
+        return
+    root = tmp_path_factory.mktemp("apt-repos")
+    nvidia = root / "cuda" / "repos" / "ubuntu2204" / "x86_64"
+    flat_repo(
+        nvidia,
+        "NVIDIA",
+        [
+            ("nvidia-open", "580.82.07-0ubuntu1", "nvidia-open"),
+            ("nvidia-open", "580.95.05-0ubuntu1", "nvidia-open"),
+            ("nvidia-open", "590.44.01-0ubuntu1", "nvidia-open"),
+            ("libnvidia-compute-580", "580.82.07-0ubuntu1", "nvidia-graphics-drivers-580"),
+            ("libnvidia-compute-580", "580.95.05-0ubuntu1", "nvidia-graphics-drivers-580"),
+            ("cuda-toolkit-13-0", "13.0.2-1", "cuda-toolkit-13-0"),
+        ],
+    )
+    ubuntu = root / "ubuntu"
+    flat_repo(
+        ubuntu,
+        "Ubuntu",
+        [
+            ("libnvidia-compute-580", "580.105.08-0ubuntu0.22.04.1", "nvidia-graphics-drivers-580"),
+            ("libnvidia-egl-wayland1", "1:1.1.9-1.1", "egl-wayland"),
+            ("libnvme1", "1.0-1", "libnvme"),
+        ],
+    )
+    handler = functools.partial(QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {"base_url": f"http://127.0.0.1:{server.server_port}/cuda/repos", "ubuntu": ubuntu}
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory, apt_repos: dict[str, object]) -> Path:
     tmp_path = tmp_path_factory.mktemp("render")
     out = tmp_path / "out"
     library = tmp_path / "library"
     library.mkdir()
     (library / "inject_facts.py").write_text(INJECT_FACTS_MODULE)
     hosts = {}
-    for host, variant in VARIANTS.items():
-        host_vars = {k: v for k, v in variant.items() if k != "platform"}
+    variants = dict(VARIANTS)
+    if apt_repos:
+        for host, variant in MIRROR_VARIANTS.items():
+            variants[host] = {**variant, "nvidia_gpu_cuda_repo_base_url": apt_repos["base_url"]}
+    for host, variant in variants.items():
+        host_vars = {k: v for k, v in variant.items() if k not in ("platform", "facts")}
         hosts[host] = {
             "ansible_connection": "local",
-            "platform_facts": PLATFORMS[str(variant["platform"])],
+            "platform_facts": {**PLATFORMS[str(variant["platform"])], **variant.get("facts", {})},
             **host_vars,
         }
     inventory = tmp_path / "inventory.yml"
@@ -422,18 +573,24 @@ def parse_preferences(text: str) -> list[dict[str, str]]:
     return stanzas
 
 
+def stanza(stanzas: list[dict[str, str]], pin_kind: str) -> dict[str, str]:
+    """The first stanza whose Pin starts with pin_kind ("origin", "version", "release")."""
+    return next(st for st in stanzas if st["Pin"].startswith(pin_kind))
+
+
 @pytest.mark.parametrize("host", ["ubuntu2204", "ubuntu2404", "debian12"])
 def test_driver_branch_pin_rendered(rendered: Path, host: str):
     stanzas = parse_preferences((rendered / host / "nvidia-driver.pref").read_text())
-    assert stanzas[0] == {
+    assert stanza(stanzas, "origin") == {
         "Package": "*",
         "Pin": 'origin "developer.download.nvidia.com"',
         "Pin-Priority": "600",
     }
-    assert stanzas[1]["Pin"] == "version /^([0-9]+:)?580[.]/"
-    assert stanzas[1]["Pin-Priority"] == "1000"
-    patterns = stanzas[1]["Package"].split()
-    pin = re.compile(stanzas[1]["Pin"].removeprefix("version /").removesuffix("/"))
+    branch = stanza(stanzas, "version")
+    assert branch["Pin"] == "version /^([0-9]+:)?580[.]/"
+    assert branch["Pin-Priority"] == "1000"
+    patterns = branch["Package"].split()
+    pin = re.compile(branch["Pin"].removeprefix("version /").removesuffix("/"))
     package_re = [re.compile(p.strip("/")) for p in patterns]
     for package in ("nvidia-open", "nvidia-driver-580-open", "libnvidia-compute-580"):
         assert any(r.search(package) for r in package_re), package
@@ -448,10 +605,104 @@ def test_driver_branch_pin_rendered(rendered: Path, host: str):
     assert not pin.search("5800.1-1")
 
 
+def apt_policy(rendered: Path, apt_repos: dict[str, object], host: str, tmp_path: Path) -> str:
+    """`apt-cache policy` of the test packages with the host's rendered source and pins."""
+    etc = tmp_path / "etc"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "preferences.d").mkdir()
+    (tmp_path / "state" / "lists" / "partial").mkdir(parents=True)
+    (tmp_path / "cache" / "archives" / "partial").mkdir(parents=True)
+    # the rendered deb822 source, trusted instead of signed (the test repository has no key)
+    source = (rendered / host / "cuda.sources").read_text()
+    source = re.sub(r"(?m)^Signed-By: .*$", "Trusted: yes", source)
+    (etc / "sources.list.d" / "cuda.sources").write_text(source)
+    (etc / "sources.list").write_text(f"deb [trusted=yes] file:{apt_repos['ubuntu']} ./\n")
+    shutil.copy(rendered / host / "nvidia-driver.pref", etc / "preferences.d" / "nvidia.pref")
+    options = [
+        f"-oDir::Etc={etc}",
+        f"-oDir::State={tmp_path / 'state'}",
+        f"-oDir::Cache={tmp_path / 'cache'}",
+        "-oDir::State::status=/dev/null",
+        "-oDebug::NoLocking=1",
+        "-oAPT::Sandbox::User=root",
+    ]
+    update = subprocess.run(
+        ["apt-get", *options, "update"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert update.returncode == 0, update.stdout + update.stderr
+    return subprocess.run(
+        ["apt-cache", *options, "policy", "nvidia-open", "libnvidia-compute-580",
+         "libnvidia-egl-wayland1", "libnvme1", "cuda-toolkit-13-0"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+
+
+def candidates(policy: str) -> dict[str, str]:
+    """package -> candidate version, from `apt-cache policy` output."""
+    return dict(re.findall(r"(?m)^(\S+):\n\s+Installed: .*\n\s+Candidate: (\S+)", policy))
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt to resolve the pins")
+def test_driver_pin_takes_the_branch_from_nvidia_only(
+    rendered: Path, apt_repos: dict[str, object], tmp_path: Path
+):
+    if not apt_repos:
+        pytest.skip("needs dpkg-deb and dpkg-scanpackages to build the test repositories")
+    policy = apt_policy(rendered, apt_repos, "ubuntu2204-mirror", tmp_path)
+    assert candidates(policy) == {
+        # Ubuntu's archive has a newer build of the same branch under the same name: the
+        # pin must not take it (it would mix Ubuntu's and NVIDIA's driver packages).
+        "libnvidia-compute-580": "580.95.05-0ubuntu1",
+        # NVIDIA's own newer branch stays out
+        "nvidia-open": "580.95.05-0ubuntu1",
+        # what only the archive has, and what is not the driver, is untouched
+        "libnvidia-egl-wayland1": "1:1.1.9-1.1",
+        "libnvme1": "1.0-1",
+        "cuda-toolkit-13-0": "13.0.2-1",
+    }, policy
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt to resolve the pins")
+def test_exact_driver_version_pin_holds_a_fleet_on_one_version(
+    rendered: Path, apt_repos: dict[str, object], tmp_path: Path
+):
+    if not apt_repos:
+        pytest.skip("needs dpkg-deb and dpkg-scanpackages to build the test repositories")
+    policy = apt_policy(rendered, apt_repos, "ubuntu2204-mirror-exact", tmp_path)
+    found = candidates(policy)
+    assert found["libnvidia-compute-580"] == "580.82.07-0ubuntu1", policy
+    assert found["nvidia-open"] == "580.82.07-0ubuntu1", policy
+
+
+def test_every_installed_driver_package_is_held(rendered: Path):
+    values = json.loads((rendered / "ubuntu2404-installed" / "values.json").read_text())
+    # every package of the driver, not only the meta package the role asked for
+    assert sorted(values["held_packages"]) == sorted(
+        name
+        for name, entries in INSTALLED_UBUNTU_580.items()
+        if entries[0]["version"].startswith("580.")
+    )
+    assert "libnvidia-compute-580" in values["held_packages"]
+    assert "nvidia-fabricmanager-580" in values["held_packages"]
+    for other in ("nvidia-container-toolkit", "libnvjitlink-13-0", "libnvme1", "libc6"):
+        assert other not in values["held_packages"]
+    # before anything is installed there is nothing to hold
+    fresh = json.loads((rendered / "ubuntu2404" / "values.json").read_text())
+    assert fresh["held_packages"] == []
+
+
+def test_pinning_package_chosen_from_apt_cache_policy(rendered: Path):
+    values = json.loads((rendered / "ubuntu2404-installed" / "values.json").read_text())
+    assert values["pinning_package"] == "nvidia-driver-pinning-580"
+    # no policy output (a repository without pinning packages): nothing to install
+    fresh = json.loads((rendered / "ubuntu2404" / "values.json").read_text())
+    assert fresh["pinning_package"] == ""
+
+
 def test_exact_version_and_proprietary_rendered(rendered: Path):
     host = "debian12-proprietary-exact"
     stanzas = parse_preferences((rendered / host / "nvidia-driver.pref").read_text())
-    assert stanzas[1]["Pin"] == r"version /^([0-9]+:)?580\.95\.05-/"
+    assert stanza(stanzas, "version")["Pin"] == r"version /^([0-9]+:)?580\.95\.05-/"
     values = json.loads((rendered / host / "values.json").read_text())
     assert values["driver_packages"] == ["cuda-drivers"]
     assert values["toolkit_package"] == "cuda-toolkit-12-9"
