@@ -314,6 +314,8 @@ RENDER_PLAY = """\
           device_nodes_script: "{{{{ __nvidia_gpu_device_nodes_script }}}}"
           held_packages: "{{{{ __nvidia_gpu_held_packages }}}}"
           pinning_package: "{{{{ __nvidia_gpu_pinning_package }}}}"
+          driver_version_installed: "{{{{ __nvidia_gpu_driver_version_installed }}}}"
+          fabricmanager_package: "{{{{ __nvidia_gpu_fabricmanager_package }}}}"
           device_nodes_unit: "{{{{ __nvidia_gpu_device_nodes_unit }}}}"
 """
 
@@ -370,6 +372,20 @@ VARIANTS: dict[str, dict[str, object]] = {
         # what `apt-cache policy` printed (driver.yml): the repository has the branch's
         # pinning package only
         "__nvidia_gpu_pinning_policy": {"stdout": APT_POLICY_PINNING},
+    },
+    # NVIDIA renamed the packages at 590: no branch in the name any more
+    "ubuntu2404-installed-590": {
+        "platform": "ubuntu2404",
+        "facts": {"packages": dpkg("590.44.01-1ubuntu1", "nvidia-open", "libnvidia-compute")},
+        "nvidia_gpu_driver_branch": "590",
+    },
+    # a driver package list of the operator's own, not installed under that name: the
+    # version of the loaded kernel module is what there is
+    "debian12-loaded-575": {
+        "platform": "debian12",
+        "facts": {"nvidia_gpu": {"kernel_module_version": "575.57.08"}},
+        "nvidia_gpu_driver_branch": "575",
+        "nvidia_gpu_driver_packages": ["nvidia-driver"],
     },
     "debian12-proprietary-exact": {
         "platform": "debian12",
@@ -697,6 +713,23 @@ def test_pinning_package_chosen_from_apt_cache_policy(rendered: Path):
     # no policy output (a repository without pinning packages): nothing to install
     fresh = json.loads((rendered / "ubuntu2404" / "values.json").read_text())
     assert fresh["pinning_package"] == ""
+
+
+@pytest.mark.parametrize(
+    ("host", "version", "package"),
+    [
+        ("ubuntu2404-installed", "580.95.05", "nvidia-fabricmanager-580"),
+        ("ubuntu2404-installed-590", "590.44.01", "nvidia-fabricmanager"),
+        ("debian12-loaded-575", "575.57.08", "nvidia-fabricmanager-575"),
+    ],
+)
+def test_fabricmanager_package_follows_the_installed_driver(
+    rendered: Path, host: str, version: str, package: str
+):
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["driver_version_installed"] == version
+    # branches below 590 name the package nvidia-fabricmanager-<branch>
+    assert values["fabricmanager_package"] == package
 
 
 def test_exact_version_and_proprietary_rendered(rendered: Path):
