@@ -295,6 +295,7 @@ RENDER_PLAY = """\
         - {{src: blacklist-nouveau.conf.j2, dest: blacklist-nouveau.conf}}
         - {{src: specfleet-nvidia-devices.service.j2, dest: specfleet-nvidia-devices.service}}
         - {{src: specfleet-nvidia-modules.conf.j2, dest: specfleet-nvidia-modules.conf}}
+        - {{src: nvidia-persistenced-override.conf.j2, dest: nvidia-persistenced-override.conf}}
 
     - name: Resolved internal values
       ansible.builtin.copy:
@@ -317,6 +318,7 @@ RENDER_PLAY = """\
           driver_version_installed: "{{{{ __nvidia_gpu_driver_version_installed }}}}"
           fabricmanager_package: "{{{{ __nvidia_gpu_fabricmanager_package }}}}"
           device_nodes_unit: "{{{{ __nvidia_gpu_device_nodes_unit }}}}"
+          persistenced_dropin: "{{{{ __nvidia_gpu_persistenced_dropin }}}}"
 """
 
 
@@ -950,6 +952,44 @@ def test_device_nodes_fail_clearly_when_uvm_has_no_major(tmp_path: Path):
     result, _ = run_device_nodes(tmp_path, proc)
     assert result.returncode == 1
     assert "no nvidia-uvm character device" in result.stderr
+
+
+# What Ubuntu's nvidia-compute-utils-<branch> ships as nvidia-persistenced.service: it
+# starts the daemon with persistence mode off.
+UBUNTU_PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+StopWhenUnneeded=true
+Before=systemd-backlight@backlight:nvidia_0.service
+
+[Service]
+Type=forking
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+"""
+
+
+@pytest.mark.parametrize("host", list(VARIANTS))
+def test_persistenced_dropin_turns_persistence_mode_on(rendered: Path, host: str):
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["persistenced_dropin"].startswith(
+        "/etc/systemd/system/nvidia-persistenced.service.d/"
+    )
+    dropin = parse_unit((rendered / host / "nvidia-persistenced-override.conf").read_text())
+    # The empty ExecStart= clears the packaged one; the next replaces it (as the drop-in
+    # of NVIDIA's own Ansible role does).
+    assert dropin["Service"]["ExecStart"] == [
+        "",
+        "/usr/bin/nvidia-persistenced --user root --persistence-mode --verbose",
+    ]
+    merged = parse_unit(UBUNTU_PERSISTENCED_UNIT)
+    for key, values_ in dropin["Service"].items():
+        for value in values_:
+            merged["Service"][key] = [] if value == "" else [*merged["Service"][key], value]
+    assert merged["Service"]["ExecStart"] == [
+        "/usr/bin/nvidia-persistenced --user root --persistence-mode --verbose"
+    ]
 
 
 # --- runs of the role on localhost that must change nothing ---------------------------
