@@ -388,6 +388,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "facts": {"nvidia_gpu": {"kernel_module_version": "575.57.08"}},
         "nvidia_gpu_driver_branch": "575",
         "nvidia_gpu_driver_packages": ["nvidia-driver"],
+        "nvidia_gpu_cuda_toolkit_version": "12.9",
     },
     "debian12-proprietary-exact": {
         "platform": "debian12",
@@ -545,7 +546,8 @@ def test_deb822_source_rendered_per_distro(rendered: Path, host: str, distro: st
     values = json.loads((rendered / host / "values.json").read_text())
     assert values["keyring_url"] == url + "cuda-keyring_1.1-1_all.deb"
     assert values["driver_packages"] == ["nvidia-open"]
-    assert values["toolkit_package"] == "cuda-toolkit-12-8"
+    # the stack's CUDA: torch 2.13.0 from PyPI is a CUDA 13.0 build
+    assert values["toolkit_package"] == "cuda-toolkit-13-0"
     assert values["headers_package"] == "linux-headers-" + PLATFORMS[host]["kernel"]
 
 
@@ -1043,6 +1045,46 @@ def test_version_variables_checked_first(tmp_path: Path, extra: dict):
     assert failed["failed"] is True
     assert "nvidia_gpu_driver_branch must be digits" in failed["msg"]
     assert_nothing_changed(result)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        # CUDA 13.x needs a 580 driver at least, 12.8 a 570
+        ({"nvidia_gpu_driver_branch": "570"}, "CUDA 13.0 needs driver branch 580 or later"),
+        (
+            {"nvidia_gpu_driver_branch": "565", "nvidia_gpu_cuda_toolkit_version": "12.8"},
+            "CUDA 12.8 needs driver branch 570 or later",
+        ),
+        # a version the table does not know is refused, not guessed
+        ({"nvidia_gpu_cuda_toolkit_version": "12.7"}, "no minimum driver is known for CUDA 12.7"),
+    ],
+)
+def test_toolkit_needs_a_driver_branch_that_supports_it(tmp_path: Path, extra: dict, message: str):
+    rc, result, _ = run_playbook(
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+    )
+    assert rc != 0
+    name, failed = task_results(result)[-1]
+    assert name == "Check that the driver branch supports the CUDA toolkit"
+    assert message in failed["msg"]
+    assert_nothing_changed(result)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"nvidia_gpu_driver_branch": "570", "nvidia_gpu_cuda_toolkit_version": "12.8"},
+        {"nvidia_gpu_driver_branch": "590", "nvidia_gpu_cuda_toolkit_version": "13.1"},
+        {"nvidia_gpu_driver_branch": "580", "nvidia_gpu_cuda_toolkit_version": "12.4"},
+    ],
+)
+def test_supported_toolkit_and_branch_pass_the_check(tmp_path: Path, extra: dict):
+    rc, result, stderr = run_playbook(
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+    )
+    assert rc == 0, stderr
+    assert task_results(result)[-1][0] == "Say why the role is skipped (cpu profile)"
 
 
 def test_cpu_profile_skips_with_message(tmp_path: Path):
