@@ -317,6 +317,9 @@ RENDER_PLAY = """\
           pinning_package: "{{{{ __nvidia_gpu_pinning_package }}}}"
           driver_version_installed: "{{{{ __nvidia_gpu_driver_version_installed }}}}"
           fabricmanager_package: "{{{{ __nvidia_gpu_fabricmanager_package }}}}"
+          open_modules_required: "{{{{ __nvidia_gpu_open_modules_required }}}}"
+          headers_meta_package: "{{{{ __nvidia_gpu_kernel_headers_meta_package }}}}"
+          build_packages: "{{{{ __nvidia_gpu_build_packages }}}}"
           device_nodes_unit: "{{{{ __nvidia_gpu_device_nodes_unit }}}}"
           persistenced_dropin: "{{{{ __nvidia_gpu_persistenced_dropin }}}}"
 """
@@ -389,6 +392,52 @@ VARIANTS: dict[str, dict[str, object]] = {
         "nvidia_gpu_driver_branch": "575",
         "nvidia_gpu_driver_packages": ["nvidia-driver"],
         "nvidia_gpu_cuda_toolkit_version": "12.9",
+    },
+    # Blackwell before any driver (PCI only): B200 is device 0x2901
+    "ubuntu2404-b200": {
+        "platform": "ubuntu2404",
+        "facts": {
+            "nvidia_gpu": {
+                "gpus": [],
+                "pci_gpus": [
+                    {"pci_bus_id": "0000:18:00.0", "device_id": "0x2901", "class": "0x030200"}
+                ],
+            }
+        },
+    },
+    # Blackwell seen by a running driver (compute capability 12.0), PCI id unknown to the table
+    "debian12-rtx-pro-6000": {
+        "platform": "debian12",
+        "facts": {
+            "nvidia_gpu": {
+                "pci_gpus": [],
+                "gpus": [
+                    {
+                        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                        "compute_capability": "12.0",
+                    }
+                ],
+            }
+        },
+    },
+    "ubuntu2404-h200-loaded": {
+        "platform": "ubuntu2404",
+        "facts": {
+            "nvidia_gpu": {
+                "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0"}],
+                "pci_gpus": [
+                    {"pci_bus_id": "0000:18:00.0", "device_id": "0x2335", "class": "0x030200"}
+                ],
+            }
+        },
+    },
+    "ubuntu2204-hwe": {
+        "platform": "ubuntu2204",
+        "facts": {"kernel": "6.8.0-49-generic"},
+    },
+    "debian12-cloud": {
+        "platform": "debian12",
+        "facts": {"kernel": "6.1.0-28-cloud-amd64"},
     },
     "debian12-proprietary-exact": {
         "platform": "debian12",
@@ -1157,6 +1206,216 @@ def test_host_without_gpu_fails_before_any_change(tmp_path: Path):
         assert "No NVIDIA GPU on the PCI bus" in failed["msg"]
     assert not any(n.startswith(("Install", "Download", "Add NVIDIA")) for n, _ in tasks)
     assert_nothing_changed(result)
+
+
+# --- first-host checks: Secure Boot, open kernel modules for Blackwell ----------------
+
+SECURE_BOOT_PLAY = """\
+- name: The Secure Boot check of nvidia_gpu
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Inject the platform facts (test-only module)
+      inject_facts:
+        facts: "{{ platform_facts }}"
+
+    - name: Load the role's defaults and vars (its variable checks only)
+      ansible.builtin.import_role:
+        name: nvidia_gpu
+        tasks_from: variables.yml
+
+    - name: The check
+      ansible.builtin.import_role:
+        name: nvidia_gpu
+        tasks_from: secure_boot.yml
+"""
+
+FAKE_MOKUTIL = """\
+#!/bin/sh
+# A FAKE mokutil: Secure Boot cannot be on in this test machine. It answers as mokutil
+# does, from files beside it: sb-state (what --sb-state prints), enrolled (enrolled keys).
+here=$(dirname "$0")
+echo "$*" >> "$here/calls.log"
+case "$1" in
+  --sb-state) cat "$here/sb-state" ;;
+  --test-key)
+    if grep -qxF "$2" "$here/enrolled" 2>/dev/null; then echo "$2 is already enrolled"
+    else echo "$2 is not enrolled"; fi ;;
+  *) echo "fake mokutil: unexpected arguments: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def run_secure_boot_check(
+    tmp_path: Path,
+    *,
+    efi: bool,
+    sb_state: str = "SecureBoot disabled",
+    cert: bool = True,
+    enrolled: bool = False,
+    extra: dict[str, object] | None = None,
+) -> tuple[int, list[tuple[str, dict]], Path]:
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "mokutil").write_text(FAKE_MOKUTIL)
+    (bin_dir / "mokutil").chmod(0o755)
+    (bin_dir / "sb-state").write_text(sb_state + "\n")
+    efi_dir = tmp_path / "efi"
+    if efi:
+        efi_dir.mkdir()
+    key = tmp_path / "MOK.der"
+    if cert:
+        key.write_bytes(b"0\x82 a DER certificate")
+    if enrolled:
+        (bin_dir / "enrolled").write_text(f"{key}\n")
+    library = tmp_path / "library"
+    library.mkdir()
+    (library / "inject_facts.py").write_text(INJECT_FACTS_MODULE)
+    variables = {
+        "platform_facts": PLATFORMS["ubuntu2404"],
+        "__nvidia_gpu_efi_dir": str(efi_dir),
+        "nvidia_gpu_secure_boot_mok_cert": str(key),
+        **(extra or {}),
+    }
+    rc, result, _ = run_playbook(
+        tmp_path,
+        SECURE_BOOT_PLAY,
+        "-e",
+        json.dumps(variables),
+        env_extra={
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "ANSIBLE_LIBRARY": f"{library}:{REPO / 'library'}",
+        },
+    )
+    assert_nothing_changed(result)
+    return rc, task_results(result), bin_dir / "calls.log"
+
+
+def test_secure_boot_without_efi_passes(tmp_path: Path):
+    rc, _tasks, calls = run_secure_boot_check(tmp_path, efi=False)
+    assert rc == 0
+    assert not calls.exists()  # a BIOS boot has no Secure Boot to ask about
+
+
+def test_secure_boot_off_passes_with_fake_mokutil(tmp_path: Path):
+    rc, _tasks, calls = run_secure_boot_check(tmp_path, efi=True, sb_state="SecureBoot disabled")
+    assert rc == 0
+    assert calls.read_text() == "--sb-state\n"
+
+
+@pytest.mark.parametrize("cert", [False, True])
+def test_secure_boot_on_without_enrolled_key_fails_with_fake_mokutil(tmp_path: Path, cert: bool):
+    rc, tasks, _ = run_secure_boot_check(
+        tmp_path, efi=True, sb_state="SecureBoot enabled", cert=cert, enrolled=False
+    )
+    assert rc != 0
+    name, failed = tasks[-1]
+    assert name == "Fail when Secure Boot is on and the DKMS signing key is not enrolled"
+    assert "Secure Boot is on" in failed["msg"]
+    # the message says how to enroll a key, and how to take the decision oneself
+    assert "mokutil --import" in failed["msg"]
+    assert "nvidia_gpu_secure_boot_check" in failed["msg"]
+
+
+def test_secure_boot_on_with_enrolled_key_passes_with_fake_mokutil(tmp_path: Path):
+    rc, _tasks, calls = run_secure_boot_check(
+        tmp_path, efi=True, sb_state="SecureBoot enabled", enrolled=True
+    )
+    assert rc == 0
+    assert calls.read_text().splitlines() == ["--sb-state", f"--test-key {tmp_path / 'MOK.der'}"]
+
+
+def test_secure_boot_check_can_be_turned_off(tmp_path: Path):
+    rc, _tasks, calls = run_secure_boot_check(
+        tmp_path,
+        efi=True,
+        sb_state="SecureBoot enabled",
+        cert=False,
+        extra={"nvidia_gpu_secure_boot_check": False},
+    )
+    assert rc == 0
+    assert not calls.exists()
+
+
+def blackwell_sysfs(directory: Path, device_id: str) -> Path:
+    root = directory / "pci"
+    for i in range(2):
+        device = root / f"0000:{0x18 + i:02x}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "class").write_text("0x030200\n")
+        (device / "device").write_text(device_id + "\n")
+    return root
+
+
+def test_blackwell_requires_open_kernel_modules_before_any_change(tmp_path: Path):
+    # Two B200 (PCI device 0x2901) before any driver: the proprietary modules cannot
+    # drive them, so the role stops at its checks. --check as a second guard.
+    sysfs = blackwell_sysfs(tmp_path, "0x2901")
+    rc, result, _ = run_playbook(
+        tmp_path,
+        ROLE_PLAY,
+        "--check",
+        "-e",
+        json.dumps(
+            {
+                "nvidia_gpu_container_detected": False,
+                "nvidia_gpu_kernel_modules": "proprietary",
+                "__nvidia_gpu_sysfs_pci_path": str(sysfs),
+                "__nvidia_gpu_efi_dir": str(tmp_path / "no-efi"),
+            }
+        ),
+    )
+    assert rc != 0
+    tasks = task_results(result)
+    name, failed = tasks[-1]
+    if name == "Check that the distribution is supported":
+        pytest.skip("this machine is not a supported distribution")
+    assert name == "Check that the kernel modules can drive these GPUs"
+    assert "open kernel modules" in failed["msg"]
+    assert "0x2901" in failed["msg"]
+    assert not any(n.startswith(("Install", "Download", "Add NVIDIA")) for n, _ in tasks)
+    assert_nothing_changed(result)
+
+
+@pytest.mark.parametrize(
+    ("host", "required"),
+    [
+        ("ubuntu2404", False),
+        ("ubuntu2404-b200", True),
+        ("debian12-rtx-pro-6000", True),
+        ("ubuntu2404-h200-loaded", False),
+    ],
+)
+def test_open_modules_required_for_blackwell(rendered: Path, host: str, required: bool):
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["open_modules_required"] is required
+
+
+@pytest.mark.parametrize(
+    ("host", "package"),
+    [
+        ("ubuntu2204", "linux-headers-generic"),
+        ("ubuntu2404", "linux-headers-generic"),
+        ("debian12", "linux-headers-amd64"),
+        ("ubuntu2404-arm", "linux-headers-nvidia-64k"),
+        ("ubuntu2204-hwe", "linux-headers-generic-hwe-22.04"),
+        ("debian12-cloud", "linux-headers-cloud-amd64"),
+    ],
+)
+def test_kernel_headers_meta_package_follows_the_running_flavour(
+    rendered: Path, host: str, package: str
+):
+    # DKMS builds the driver for every future kernel only if their headers come too
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert values["headers_meta_package"] == package
+
+
+@pytest.mark.parametrize("host", list(VARIANTS))
+def test_compiler_and_python_headers_for_triton(rendered: Path, host: str):
+    # Triton compiles its launcher with the system compiler on first use
+    values = json.loads((rendered / host / "values.json").read_text())
+    assert {"build-essential", "python3-dev"} <= set(values["build_packages"])
 
 
 # --- reboot handlers ------------------------------------------------------------------
