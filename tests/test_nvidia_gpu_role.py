@@ -37,6 +37,7 @@ PLATFORMS: dict[str, dict[str, str]] = {
     "ubuntu2204": {
         "distribution": "Ubuntu",
         "distribution_version": "22.04",
+        "distribution_major_version": "22",
         "distribution_release": "jammy",
         "architecture": "x86_64",
         "kernel": "5.15.0-126-generic",
@@ -44,13 +45,16 @@ PLATFORMS: dict[str, dict[str, str]] = {
     "ubuntu2404": {
         "distribution": "Ubuntu",
         "distribution_version": "24.04",
+        "distribution_major_version": "24",
         "distribution_release": "noble",
         "architecture": "x86_64",
         "kernel": "6.8.0-49-generic",
     },
     "debian12": {
         "distribution": "Debian",
-        "distribution_version": "12",
+        # what setup reports on Debian 12: the point release (/etc/debian_version)
+        "distribution_version": "12.11",
+        "distribution_major_version": "12",
         "distribution_release": "bookworm",
         "architecture": "x86_64",
         "kernel": "6.1.0-28-amd64",
@@ -58,6 +62,7 @@ PLATFORMS: dict[str, dict[str, str]] = {
     "ubuntu2404-arm": {
         "distribution": "Ubuntu",
         "distribution_version": "24.04",
+        "distribution_major_version": "24",
         "distribution_release": "noble",
         "architecture": "aarch64",
         "kernel": "6.8.0-1021-nvidia-64k",
