@@ -201,3 +201,33 @@ def test_resolve_hashes_index_and_find_links_files_and_keeps_preferred_versions(
     local_hash = hashlib.sha256(local.read_bytes()).hexdigest()
     assert lock.hashes["specfleet_local_probe==1.0"] == (f"sha256:{local_hash}",)
     assert lock.target == {"python": "3.11", "glibc": "2.36", "arch": "x86_64", "profile": "cpu"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_committed_lock_hashes_every_pin_and_records_its_target(stack: str):
+    spec = StackSpec.load(stack)
+    lock = StackLock.read(stack)
+    assert lock.missing_hashes() == []
+    assert all(h.startswith("sha256:") and len(h) == 71 for hs in lock.hashes.values() for h in hs)
+    assert lock.target == spec.target
+
+
+@pytest.mark.parametrize("stack", sorted(DIGESTS_BEFORE_HASHES))
+def test_rehashed_locks_keep_their_digest(stack: str):
+    assert StackLock.read(stack).digest == DIGESTS_BEFORE_HASHES[stack]
+
+
+@pytest.mark.parametrize(("stack", "target"), sorted(CUDA_TARGETS.items()))
+def test_one_cuda_lock_per_distribution(stack: str, target: tuple[str, str]):
+    lock = StackLock.read(stack)
+    assert (lock.target["python"], lock.target["glibc"]) == target
+    assert lock.version_of("vllm") == "0.32.0"
+    assert lock.version_of("torch") == "2.13.0"
+    # the wheels' CPython tag is the target's
+    assert lock.host_mismatches(target[0], target[1]) == []
+
+
+def test_cuda_is_an_alias_of_the_debian_lock():
+    assert (LOCKS / "cuda.toml").resolve() == (LOCKS / "cuda-debian12.toml").resolve()
+    assert StackLock.read("cuda").pins == StackLock.read("cuda-debian12").pins
+    assert StackSpec.load("cuda").name == "cuda-debian12"
