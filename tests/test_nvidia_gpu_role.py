@@ -1423,6 +1423,12 @@ def test_compiler_and_python_headers_for_triton(rendered: Path, host: str):
     assert {"build-essential", "python3-dev"} <= set(values["build_packages"])
 
 
+def test_python_headers_of_the_stack_python_on_ubuntu_2204(rendered: Path):
+    # the cuda-ubuntu2204 lock runs on python3.11 (jammy's python3 is 3.10, too old for vLLM)
+    values = json.loads((rendered / "ubuntu2204" / "values.json").read_text())
+    assert "python3.11-dev" in values["build_packages"]
+
+
 # --- reboot handlers ------------------------------------------------------------------
 
 HANDLER_PLAY = """\
