@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -231,3 +234,41 @@ def test_cuda_is_an_alias_of_the_debian_lock():
     assert (LOCKS / "cuda.toml").resolve() == (LOCKS / "cuda-debian12.toml").resolve()
     assert StackLock.read("cuda").pins == StackLock.read("cuda-debian12").pins
     assert StackSpec.load("cuda").name == "cuda-debian12"
+
+
+# --- the controller's own lock ----------------------------------------------------------
+
+CONTROLLER_LOCK = repo_root() / "requirements" / "controller.lock"
+
+
+def controller_requirements() -> dict[str, list[str]]:
+    """pin -> its --hash values, from the lock's logical lines (backslash continuations)."""
+    logical = CONTROLLER_LOCK.read_text().replace("\\\n", " ")
+    found = {}
+    for line in logical.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            pin, *options = line.split()
+            found[pin] = [option.removeprefix("--hash=") for option in options]
+    return found
+
+
+def test_controller_lock_hashes_every_pin_at_the_installed_versions():
+    requirements = controller_requirements()
+    assert len(requirements) > 40
+    for pin, hashes in requirements.items():
+        assert hashes, f"{pin} has no hash"
+        assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), pin
+        # the versions bootstrap installed into this venv before the lock had hashes
+        name, version = pin.split("==")
+        assert importlib.metadata.version(name) == version, pin
+
+
+@pytest.mark.slow
+def test_pip_accepts_the_controller_lock_with_require_hashes(tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+         "--dest", str(tmp_path), "--requirement", str(CONTROLLER_LOCK)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(tmp_path.glob("*.whl"))) == len(controller_requirements())
