@@ -403,10 +403,13 @@ class SmiError(Exception):
 
 
 def run_smi(module: AnsibleModule, cmd: list[str]) -> tuple[int, str, str]:
-    timeout = module.params["nvidia_smi_timeout"]
+    # coreutils' timeout bounds a hung GPU; a minimal container may not have it
+    timeout = module.get_bin_path("timeout", opt_dirs=["/usr/bin", "/bin"])
+    if timeout is not None:
+        cmd = [timeout, str(module.params["nvidia_smi_timeout"]), *cmd]
     try:
-        return module.run_command(["timeout", str(timeout), *cmd])
-    except OSError as exc:  # not executable, or `timeout` missing
+        return module.run_command(cmd)
+    except OSError as exc:
         raise SmiError(f"{' '.join(cmd)} could not run: {exc}") from exc
 
 

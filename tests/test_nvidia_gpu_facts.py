@@ -574,3 +574,13 @@ def test_value_cleaning(raw: str, expected: int | None) -> None:
     finally:
         sys.path.remove(str(MODULE.parent))
     assert nvidia_gpu_facts.to_int(nvidia_gpu_facts.clean_value(raw)) == expected
+
+
+def test_works_without_the_timeout_command_with_fake_nvidia_smi(tmp_path: Path) -> None:
+    # a minimal container may lack coreutils' timeout: nvidia-smi then runs without it
+    smi = write_fake_nvidia_smi(tmp_path, H200_ROWS)
+    rc, result = run_module_process(
+        {"nvidia_smi_path": str(smi)}, tmp_path, env={"PATH": str(tmp_path)}
+    )
+    assert rc == 0, result
+    assert result["ansible_facts"]["nvidia_gpu"]["count"] == 8
