@@ -1141,8 +1141,10 @@ def test_supported_toolkit_and_branch_pass_the_check(tmp_path: Path, extra: dict
     assert task_results(result)[-1][0] == "Say why the role is skipped (cpu profile)"
 
 
-def test_cpu_profile_skips_with_message(tmp_path: Path):
-    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", "accelerator=cpu")
+# `specfleet_accelerator` is the project-level setting on main; `accelerator` before it.
+@pytest.mark.parametrize("setting", ["accelerator", "specfleet_accelerator"])
+def test_cpu_profile_skips_with_message(tmp_path: Path, setting: str):
+    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", f"{setting}=cpu")
     assert rc == 0
     tasks = task_results(result)
     names = [name for name, _ in tasks]
