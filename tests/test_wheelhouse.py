@@ -7,7 +7,19 @@ from pathlib import Path
 import pytest
 
 from specfleet.stacklock import StackLock, StackSpec
-from specfleet.wheelhouse import ensure_wheelhouse, wheelhouse_path
+from specfleet.wheelhouse import WheelhouseError, ensure_wheelhouse, wheelhouse_path
+
+SIX = "six==1.16.0"
+SIX_SHA256 = "sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"
+SPEC = StackSpec(
+    name="tiny",
+    profile="cpu",
+    python_version="3.11",
+    glibc="2.36",
+    arch="x86_64",
+    requirements=(SIX,),
+    exclude={},
+)
 
 
 @pytest.fixture
@@ -18,35 +30,48 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.slow
 def test_wheelhouse_is_built_once_then_reused(cache: Path):
-    spec = StackSpec(
-        name="tiny",
-        profile="cpu",
-        python_version="3.11",
-        glibc="2.36",
-        arch="x86_64",
-        requirements=("six==1.16.0",),
-        exclude={},
-    )
-    lock = StackLock(name="tiny", pins=("six==1.16.0",))
-    first = ensure_wheelhouse(spec, lock)
+    lock = StackLock(name="tiny", pins=(SIX,), hashes={SIX: (SIX_SHA256,)})
+    first = ensure_wheelhouse(SPEC, lock)
     assert not first.reused
     assert first.path == wheelhouse_path(lock)
     assert first.path.parent == cache / "wheelhouse"
     assert [w.name for w in first.path.glob("*.whl")] == ["six-1.16.0-py2.py3-none-any.whl"]
-    assert (first.path / "requirements.txt").read_text() == "six==1.16.0\n"
+    # what hosts install with `pip install --require-hashes --requirement`
+    assert (first.path / "requirements.txt").read_text() == f"{SIX} --hash={SIX_SHA256}\n"
     # Nothing half-built is left beside it.
     assert sorted(p.name for p in first.path.parent.iterdir()) == [first.path.name]
 
-    second = ensure_wheelhouse(spec, lock)
+    second = ensure_wheelhouse(SPEC, lock)
     assert second.reused
     assert second.wheels == 1
     assert second.size_bytes == first.size_bytes
 
 
 @pytest.mark.slow
+def test_a_wheel_whose_hash_differs_from_the_lock_fails_clearly(cache: Path):
+    wrong = "sha256:" + "0" * 64
+    lock = StackLock(name="tiny", pins=(SIX,), hashes={SIX: (wrong,)})
+    with pytest.raises(WheelhouseError) as failure:
+        ensure_wheelhouse(SPEC, lock)
+    message = str(failure.value)
+    assert "six-1.16.0-py2.py3-none-any.whl" in message
+    assert SIX_SHA256 in message  # what it is
+    assert wrong in message  # what the lock says
+    assert not wheelhouse_path(lock).exists()
+    assert list((cache / "wheelhouse").iterdir()) == []
+
+
+def test_a_lock_without_hashes_is_refused_before_any_download(cache: Path):
+    lock = StackLock(name="tiny", pins=(SIX,))
+    with pytest.raises(WheelhouseError, match=r"no sha256 for six==1\.16\.0.*specfleet lock tiny"):
+        ensure_wheelhouse(SPEC, lock)
+    assert list((cache / "wheelhouse").iterdir()) == []
+
+
+@pytest.mark.slow
 def test_a_failed_download_leaves_no_wheelhouse(cache: Path):
     spec = StackSpec("bad", "cpu", "3.11", "2.36", "x86_64", ("six==0.0.0",), {})
-    lock = StackLock(name="bad", pins=("six==0.0.0",))
+    lock = StackLock(name="bad", pins=("six==0.0.0",), hashes={"six==0.0.0": ("sha256:00",)})
     with pytest.raises(Exception):  # noqa: B017 - pip's failure, surfaced by subprocess
         ensure_wheelhouse(spec, lock)
     assert not wheelhouse_path(lock).exists()

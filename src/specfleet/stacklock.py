@@ -1,24 +1,51 @@
 """Host stack locks: what every GPU host of a profile runs, pinned exactly.
 
 A stack is specified in `locks/<name>.toml` (top-level requirements, the
-packages left out and why) and resolved into `locks/<name>.txt`, one
-`name==version` pin a line. The hash of the resolved pins names both the
-wheelhouse on the controller and the venv on each host, so an unchanged lock
-reuses both and a changed one builds new ones beside the old.
+packages left out and why, and the hosts' Python, glibc and architecture) and
+resolved into `locks/<name>.txt`: a pip requirements file with one
+`name==version --hash=sha256:<hex>` line a pin, so that hosts install it with
+`pip install --require-hashes`, and a header that records the target in a
+machine-readable line:
+
+    # specfleet-target: python=3.11 glibc=2.36 arch=x86_64 profile=cuda
+
+The hash of the pins alone (not of the file hashes) names both the wheelhouse
+on the controller and the venv on each host, so an unchanged lock reuses both,
+re-hashing a lock renames nothing, and a changed one builds new ones beside
+the old.
+
+The wheels of a lock fit only hosts of its target: pip's wheel tags name the
+Python (cp311) and the oldest glibc a wheel needs (manylinux_2_28). There is
+one cuda lock per distribution family (cuda-debian12, cuda-ubuntu2204,
+cuda-ubuntu2404; `cuda` is an alias of cuda-debian12), and
+`lock_host_mismatches` says, before anything changes on a host, why a lock
+does not fit it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from specfleet.paths import repo_root
+
+# The header line that records a lock's target (python, glibc, arch, profile).
+TARGET_PREFIX = "# specfleet-target:"
+_TARGET_KEYS = ("python", "glibc", "arch", "profile")
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+# The machine names a glibc build reports (uname -m, ansible_facts.architecture) and
+# the ones wheel tags use.
+_ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
 @dataclass(frozen=True)
@@ -33,12 +60,13 @@ class StackSpec:
 
     @classmethod
     def load(cls, name: str, locks_dir: Path | None = None) -> StackSpec:
+        """The spec locks/<name>.toml; an alias (a symlink to another spec) loads that one."""
         path = (locks_dir or repo_root() / "locks") / f"{name}.toml"
         if not path.is_file():
             raise FileNotFoundError(f"no stack spec {path}")
         data = tomllib.loads(path.read_text())
         return cls(
-            name=name,
+            name=path.resolve().stem,
             profile=data["profile"],
             python_version=data["python_version"],
             glibc=data["glibc"],
@@ -46,6 +74,15 @@ class StackSpec:
             requirements=tuple(data["requirements"]),
             exclude=dict(data.get("exclude", {})),
         )
+
+    @property
+    def target(self) -> dict[str, str]:
+        return {
+            "python": self.python_version,
+            "glibc": self.glibc,
+            "arch": self.arch,
+            "profile": self.profile,
+        }
 
     def pip_target_args(self) -> list[str]:
         """pip options that select wheels for the hosts, not the controller.
@@ -67,8 +104,17 @@ class StackSpec:
 
 @dataclass(frozen=True)
 class StackLock:
+    """A resolved stack.
+
+    `pins` are "name==version" strings (what callers install and compare);
+    `hashes` maps each pin to its "sha256:<hex>" hashes; `target` is the header's
+    python/glibc/arch/profile (empty for a lock written before targets were recorded).
+    """
+
     name: str
     pins: tuple[str, ...]
+    hashes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    target: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def digest(self) -> str:
@@ -83,22 +129,44 @@ class StackLock:
                 return version
         return None
 
+    def missing_hashes(self) -> list[str]:
+        """Pins without a hash (a lock from before hashes, or edited by hand)."""
+        return [pin for pin in self.pins if not self.hashes.get(pin)]
+
+    def requirement_lines(self) -> list[str]:
+        """`name==version --hash=sha256:...` lines, for `pip install --require-hashes`."""
+        return [
+            " ".join([pin, *(f"--hash={digest}" for digest in self.hashes.get(pin, ()))])
+            for pin in self.pins
+        ]
+
+    def host_mismatches(self, python_version: str, glibc_version: str, arch: str = "") -> list[str]:
+        """Why this lock's wheels do not fit a host (empty: they fit)."""
+        return target_mismatches(self.target, python_version, glibc_version, arch)
+
     @classmethod
     def read(cls, name: str, locks_dir: Path | None = None) -> StackLock:
         path = (locks_dir or repo_root() / "locks") / f"{name}.txt"
         if not path.is_file():
             raise FileNotFoundError(f"no stack lock {path}: run `specfleet lock {name}`")
-        pins = tuple(
-            line.strip()
-            for line in path.read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        )
-        return cls(name=name, pins=pins)
+        pins, hashes, target = parse_lock_text(path.read_text())
+        return cls(name=name, pins=tuple(pins), hashes=hashes, target=target)
 
     def write(self, locks_dir: Path | None = None) -> Path:
         path = (locks_dir or repo_root() / "locks") / f"{self.name}.txt"
-        header = f"# Written by `specfleet lock {self.name}` from {self.name}.toml; do not edit.\n"
-        path.write_text(header + "\n".join(self.pins) + "\n")
+        header = [
+            f"# Written by `specfleet lock {self.name}` from {self.name}.toml; do not edit.",
+        ]
+        if self.target:
+            fields = " ".join(
+                f"{key}={self.target[key]}" for key in _TARGET_KEYS if key in self.target
+            )
+            header.append(f"{TARGET_PREFIX} {fields}")
+        header.append(
+            "# Install: pip install --no-index --no-deps --require-hashes "
+            "--find-links <wheelhouse> --requirement <this file>"
+        )
+        path.write_text("\n".join([*header, *self.requirement_lines()]) + "\n")
         return path
 
 
@@ -106,23 +174,172 @@ def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def resolve(spec: StackSpec) -> StackLock:
-    """Resolve the spec's requirements with pip, without installing anything."""
+# --- pure functions over a lock file's text (no I/O: usable as Jinja filters) ------------
+
+
+def parse_lock_text(text: str) -> tuple[list[str], dict[str, tuple[str, ...]], dict[str, str]]:
+    """(pins, hashes, target) of a lock file's text.
+
+    pins are "name==version"; hashes map a pin to its "sha256:<hex>" values; target
+    holds the header's python/glibc/arch/profile (empty when the lock has none).
+    """
+    pins: list[str] = []
+    hashes: dict[str, tuple[str, ...]] = {}
+    target: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(TARGET_PREFIX):
+            for item in line.removeprefix(TARGET_PREFIX).split():
+                key, _, value = item.partition("=")
+                target[key] = value
+            continue
+        if not line or line.startswith("#"):
+            continue
+        pin, *options = line.split()
+        if "==" not in pin or any(not option.startswith("--hash=") for option in options):
+            raise ValueError(f"not a lock line (name==version [--hash=...]): {line!r}")
+        pins.append(pin)
+        if options:
+            hashes[pin] = tuple(option.removeprefix("--hash=") for option in options)
+    return pins, hashes, target
+
+
+def lock_target(lock_text: str) -> dict[str, str]:
+    """The python/glibc/arch/profile a lock's wheels were resolved for ({} if unrecorded)."""
+    return parse_lock_text(lock_text)[2]
+
+
+def lock_host_mismatches(
+    lock_text: str, python_version: str, glibc_version: str, arch: str = ""
+) -> list[str]:
+    """Why a lock's wheels would not install on a host; empty when they fit.
+
+    Pure and filter-ready: `lock_text` is the lock file's content (e.g. from
+    `lookup('file', ...)`); `python_version` the host interpreter's version ("3.11" or
+    "3.11.2", only major.minor counts: wheels are built per CPython minor version);
+    `glibc_version` the host's glibc ("2.36", or `getconf GNU_LIBC_VERSION`'s
+    "glibc 2.36", or `ldd --version`'s first line), which must be at least the lock's
+    (a manylinux wheel needs the glibc it names or newer); `arch` optional ("x86_64",
+    "aarch64"; amd64/arm64 accepted).
+    """
+    return target_mismatches(lock_target(lock_text), python_version, glibc_version, arch)
+
+
+def target_mismatches(
+    target: Mapping[str, str], python_version: str, glibc_version: str, arch: str = ""
+) -> list[str]:
+    """lock_host_mismatches for a target already parsed (see there)."""
+    if not target.get("python") or not target.get("glibc"):
+        return [
+            "the lock records no target Python and glibc (a lock from before targets were "
+            "recorded): re-resolve it with `specfleet lock`"
+        ]
+    problems = []
+    host_python = _major_minor(python_version)
+    if host_python is None:
+        problems.append(f"cannot read the host's Python version from {python_version!r}")
+    elif host_python != _major_minor(target["python"]):
+        problems.append(
+            f"the lock's wheels are for Python {target['python']} "
+            f"(cp{target['python'].replace('.', '')}); the host's Python is {python_version}"
+        )
+    host_glibc = _last_major_minor(glibc_version)
+    if host_glibc is None:
+        problems.append(f"cannot read the host's glibc version from {glibc_version!r}")
+    elif host_glibc < (_major_minor(target["glibc"]) or (0, 0)):
+        problems.append(
+            f"the lock's wheels may need glibc {target['glibc']}; the host has glibc "
+            f"{'.'.join(map(str, host_glibc))}"
+        )
+    if arch and target.get("arch"):
+        host_arch = _ARCH_ALIASES.get(arch, arch)
+        lock_arch = _ARCH_ALIASES.get(target["arch"], target["arch"])
+        if host_arch != lock_arch:
+            problems.append(f"the lock's wheels are for {lock_arch}; the host is {host_arch}")
+    return problems
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    match = _VERSION.search(str(version))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _last_major_minor(text: str) -> tuple[int, int] | None:
+    """The last X.Y of the first line (`ldd --version` prints "ldd (Debian GLIBC 2.36-9) 2.36")."""
+    lines = str(text).strip().splitlines() or [""]
+    found = _VERSION.findall(lines[0])
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+# --- resolution --------------------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def artifact_sha256(download_info: Mapping[str, object]) -> str:
+    """The sha256 of what pip's report says it would install.
+
+    An index gives it (archive_info.hashes); a file found in a local find-links folder
+    has none there, so the file itself is hashed.
+    """
+    archive = download_info.get("archive_info")
+    if isinstance(archive, Mapping):
+        hashes = archive.get("hashes")
+        if isinstance(hashes, Mapping) and hashes.get("sha256"):
+            return str(hashes["sha256"])
+        legacy = str(archive.get("hash") or "")
+        if legacy.startswith("sha256="):
+            return legacy.removeprefix("sha256=")
+    url = str(download_info.get("url", ""))
+    parts = urlsplit(url)
+    if parts.scheme == "file" and archive is not None:
+        return _sha256_file(Path(unquote(parts.path)))
+    raise ValueError(f"no sha256 for {url or download_info!r} (not an archive from an index)")
+
+
+def resolve(
+    spec: StackSpec, prefer: StackLock | Literal["existing"] | None = "existing"
+) -> StackLock:
+    """Resolve the spec's requirements with pip, without installing anything.
+
+    The versions of `prefer` (by default the spec's current lock, when there is one)
+    are kept where the spec still allows them, so that re-locking (to add hashes, say)
+    changes no version and no digest; pass None to resolve afresh, or another lock to
+    take its versions (the same stack for another distribution).
+    """
+    if prefer == "existing":
+        try:
+            prefer = StackLock.read(spec.name)
+        except FileNotFoundError:
+            prefer = None
     with tempfile.TemporaryDirectory(prefix="specfleet-lock-") as tmp:
         report = Path(tmp) / "report.json"
+        constraints: list[str] = []
+        if isinstance(prefer, StackLock):
+            constraint_file = Path(tmp) / "constraints.txt"
+            constraint_file.write_text("\n".join(prefer.pins) + "\n")
+            constraints = ["--constraint", str(constraint_file)]
         subprocess.run(
             [
                 sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
                 "--ignore-installed", "--target", str(Path(tmp) / "unused"),
-                *spec.pip_target_args(), "--report", str(report), *spec.requirements,
+                *spec.pip_target_args(), *constraints, "--report", str(report),
+                *spec.requirements,
             ],
             check=True,
         )  # fmt: skip
         resolved = json.loads(report.read_text())["install"]
     excluded = {_normalise(name) for name in spec.exclude}
-    pins = sorted(
-        f"{item['metadata']['name']}=={item['metadata']['version']}"
-        for item in resolved
-        if _normalise(item["metadata"]["name"]) not in excluded
-    )
-    return StackLock(name=spec.name, pins=tuple(pins))
+    hashes: dict[str, tuple[str, ...]] = {}
+    for item in resolved:
+        if _normalise(item["metadata"]["name"]) in excluded:
+            continue
+        pin = f"{item['metadata']['name']}=={item['metadata']['version']}"
+        hashes[pin] = (f"sha256:{artifact_sha256(item['download_info'])}",)
+    return StackLock(name=spec.name, pins=tuple(sorted(hashes)), hashes=hashes, target=spec.target)
