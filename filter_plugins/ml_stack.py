@@ -10,6 +10,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from specfleet.stacklock import lock_host_mismatches, parse_lock_text
+
 # flash-attn's release wheels carry their build in the local version, e.g.
 # flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl
 _FLASH_ATTN_WHEEL = re.compile(
@@ -32,15 +34,30 @@ def stack_digest(pins: Iterable[str]) -> str:
 
 
 def stack_pins(lock_text: str) -> list[str]:
-    """The pins of a lock file's text; rejects anything that is not `name==version`."""
-    pins = [line.strip() for line in lock_text.splitlines()]
-    pins = [pin for pin in pins if pin and not pin.startswith("#")]
+    """The pins (`name==version`) of a lock file's text, read by the lock's own parser;
+    a lock with anything but exact, hashed pins is refused."""
+    try:
+        pins, hashes, _ = parse_lock_text(lock_text)
+    except ValueError as error:
+        raise AnsibleFilterError(f"stack lock lines are not exact pins: {error}") from error
     bad = [pin for pin in pins if not _PIN.match(pin)]
     if bad:
         raise AnsibleFilterError(f"stack lock lines are not exact pins (name==version): {bad}")
     if not pins:
         raise AnsibleFilterError("stack lock has no pins")
+    unhashed = [pin for pin in pins if not hashes.get(pin)]
+    if unhashed:
+        raise AnsibleFilterError(
+            f"stack lock pins without a sha256 hash (nothing unhashed is installed): {unhashed}"
+        )
     return pins
+
+
+def stack_host_mismatches(lock_text: str, host: Mapping[str, str]) -> list[str]:
+    """Why a lock does not fit a host (its python, glibc, arch); empty: it fits."""
+    return lock_host_mismatches(
+        lock_text, str(host["python"]), str(host["glibc"]), str(host.get("arch", ""))
+    )
 
 
 def stack_pin_version(pins: Iterable[str], package: str) -> str:
@@ -160,6 +177,7 @@ class FilterModule:
         return {
             "stack_digest": stack_digest,
             "stack_pins": stack_pins,
+            "stack_host_mismatches": stack_host_mismatches,
             "stack_pin_version": stack_pin_version,
             "stack_pins_without": stack_pins_without,
             "wheelhouse_missing": wheelhouse_missing,

@@ -34,6 +34,17 @@ def test_pins_reject_anything_but_exact_pins():
         filters.stack_pins("torch>=2.0\nvllm==0.32.0\n")
     with pytest.raises(AnsibleFilterError, match="no pins"):
         filters.stack_pins("# only a comment\n\n")
+    with pytest.raises(AnsibleFilterError, match="without a sha256 hash"):
+        filters.stack_pins("vllm==0.32.0\n")
+
+
+def test_host_fit_is_checked_from_the_locks_header():
+    text = (repo_root() / "locks" / "cuda-ubuntu2404.txt").read_text()
+    host = {"python": "3.11.2", "glibc": "2.36", "arch": "x86_64"}
+    problems = filters.stack_host_mismatches(text, host)
+    assert problems and any("3.12" in problem for problem in problems)
+    fits = {"python": "3.12.3", "glibc": "2.39", "arch": "x86_64"}
+    assert filters.stack_host_mismatches(text, fits) == []
 
 
 def test_pin_version_normalises_names():

@@ -1063,15 +1063,16 @@ def assert_nothing_changed(result: dict) -> None:
         ({"nvidia_gpu_fabricmanager": "maybe"}, "nvidia_gpu_fabricmanager"),
         ({"nvidia_gpu_reboot_allowed": "perhaps"}, "nvidia_gpu_reboot_allowed"),
         ({"nvidia_gpu_reboot_timeout": "soon"}, "nvidia_gpu_reboot_timeout"),
-        ({"accelerator": "tpu"}, "nvidia_gpu_accelerator"),
+        ({"specfleet_accelerator": "tpu"}, "specfleet_accelerator"),
     ],
 )
 def test_argument_spec_rejects_bad_values(tmp_path: Path, extra: dict, message: str):
     rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", json.dumps(extra))
     assert rc != 0
     tasks = task_results(result)
-    assert len(tasks) == 1, [name for name, _ in tasks]
-    name, host_result = tasks[0]
+    # The project settings' spec (role specfleet) first, then the role's: nothing else ran.
+    assert all(name.startswith("Validating arguments") for name, _ in tasks), tasks
+    name, host_result = tasks[-1]
     assert name.startswith("Validating arguments against arg spec 'main'")
     assert host_result["failed"] is True
     assert message in host_result["msg"]
@@ -1089,12 +1090,12 @@ def test_argument_spec_rejects_bad_values(tmp_path: Path, extra: dict, message: 
 def test_version_variables_checked_first(tmp_path: Path, extra: dict):
     # even with accelerator cpu: a bad version is a configuration error
     rc, result, _ = run_playbook(
-        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"specfleet_accelerator": "cpu", **extra})
     )
     assert rc != 0
     names = [name for name, _ in task_results(result)]
     assert names[-1] == "Check the version variables"
-    assert "Say why the role is skipped (cpu profile)" not in names
+    assert "Say why the role is skipped (profile without NVIDIA GPUs)" not in names
     failed = task_results(result)[-1][1]
     assert failed["failed"] is True
     assert "nvidia_gpu_driver_branch must be digits" in failed["msg"]
@@ -1116,7 +1117,7 @@ def test_version_variables_checked_first(tmp_path: Path, extra: dict):
 )
 def test_toolkit_needs_a_driver_branch_that_supports_it(tmp_path: Path, extra: dict, message: str):
     rc, result, _ = run_playbook(
-        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"specfleet_accelerator": "cpu", **extra})
     )
     assert rc != 0
     name, failed = task_results(result)[-1]
@@ -1135,21 +1136,20 @@ def test_toolkit_needs_a_driver_branch_that_supports_it(tmp_path: Path, extra: d
 )
 def test_supported_toolkit_and_branch_pass_the_check(tmp_path: Path, extra: dict):
     rc, result, stderr = run_playbook(
-        tmp_path, ROLE_PLAY, "-e", json.dumps({"accelerator": "cpu", **extra})
+        tmp_path, ROLE_PLAY, "-e", json.dumps({"specfleet_accelerator": "cpu", **extra})
     )
     assert rc == 0, stderr
-    assert task_results(result)[-1][0] == "Say why the role is skipped (cpu profile)"
+    skipped = "Say why the role is skipped (profile without NVIDIA GPUs)"
+    assert task_results(result)[-1][0] == skipped
 
 
-# `specfleet_accelerator` is the project-level setting on main; `accelerator` before it.
-@pytest.mark.parametrize("setting", ["accelerator", "specfleet_accelerator"])
-def test_cpu_profile_skips_with_message(tmp_path: Path, setting: str):
-    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", f"{setting}=cpu")
+def test_cpu_profile_skips_with_message(tmp_path: Path):
+    rc, result, _ = run_playbook(tmp_path, ROLE_PLAY, "-e", "specfleet_accelerator=cpu")
     assert rc == 0
     tasks = task_results(result)
     names = [name for name, _ in tasks]
     # meta tasks are not reported; nothing after the message ran
-    assert names[-1] == "Say why the role is skipped (cpu profile)"
+    assert names[-1] == "Say why the role is skipped (profile without NVIDIA GPUs)"
     assert "accelerator is 'cpu'" in tasks[-1][1]["msg"]
     assert not any("Gather the facts" in name for name in names)
     assert_nothing_changed(result)

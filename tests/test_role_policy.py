@@ -122,8 +122,8 @@ def test_profile_vars_for_every_profile(role: str) -> None:
     assert set(PROFILES) <= found, f"{role}: vars for {sorted(set(PROFILES) - found)} missing"
     names = {p: frozenset(load(ROOT / "roles" / role / "vars" / f"{p}.yml")) for p in PROFILES}
     assert len(set(names.values())) == 1, f"{role}: profiles set different names: {names}"
-    main = (ROOT / "roles" / role / "tasks" / "main.yml").read_text()
-    assert 'include_vars: "{{ specfleet_accelerator }}.yml"' in main, f"{role} never loads them"
+    tasks = "".join(p.read_text() for p in (ROOT / "roles" / role / "tasks").glob("*.yml"))
+    assert 'include_vars: "{{ specfleet_accelerator }}.yml"' in tasks, f"{role} never loads them"
 
 
 def test_profiles_are_one_list() -> None:
@@ -143,7 +143,10 @@ def test_readme_skeleton_and_scenario(role: str) -> None:
     named = set(re.findall(r"molecule/([a-z_]+)/", readme)) | set(
         re.findall(r"molecule test -s ([a-z_]+)", readme)
     )
-    assert named & scenarios, f"{role}: README names no Molecule scenario that covers it"
+    # A role no container can run (kernel modules) says so instead, and why.
+    assert named & scenarios or "No Molecule scenario:" in readme, (
+        f"{role}: README names no Molecule scenario that covers it"
+    )
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -138,16 +138,17 @@ def test_env_file(ansible):
     )
     lines = env.splitlines()
     assert "HF_HUB_OFFLINE=1" in lines
-    assert "s3cr" not in env  # the key is a credential, never in the environment
+    assert "s3cr" not in env  # the key is in its own file, never in the environment
     assert 'VLLM_LOGGING_LEVEL="DEBUG"' in lines
 
 
-def test_the_key_is_a_credential(ansible):
+def test_the_key_is_in_its_own_file(ansible):
     unit, env = render(ansible, vllm_server_api_key="sk-x")
-    assert "LoadCredential=api-key:/etc/specfleet/specfleet-vllm.api-key" in unit.splitlines()
+    key_file = "Environment=SPECFLEET_API_KEY_FILE=/etc/specfleet/specfleet-vllm.api-key"
+    assert key_file in unit.splitlines()
     assert "sk-x" not in unit and "sk-x" not in env
     unit, _ = render(ansible)
-    assert "LoadCredential" not in unit
+    assert "SPECFLEET_API_KEY_FILE" not in unit
 
 
 def test_no_api_key_line_without_key(ansible):

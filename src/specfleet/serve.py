@@ -1,13 +1,17 @@
-"""Start vLLM's OpenAI-compatible server with its API key from a systemd credential.
+"""Start vLLM's OpenAI-compatible server with its API key read from a file, in-process.
 
 ``python -m specfleet.serve <vLLM server arguments>`` is the vllm_server unit's ExecStart. The
-unit loads the key with ``LoadCredential=api-key:<root-only file>``; systemd places it in
-``$CREDENTIALS_DIRECTORY/api-key``, readable by this service alone. vLLM takes its key from
+key is in a file the unit names with ``SPECFLEET_API_KEY_FILE`` (root-owned, readable by the
+server's group alone: not by the training job's account). vLLM takes its key from
 ``--api-key`` (visible in /proc/<pid>/cmdline to every process of the account, and logged
 with the non-default arguments) or from the environment variable ``VLLM_API_KEY`` (visible in
 /proc/<pid>/environ of the server and of every engine process it spawns). Neither is used:
 the key is handed to vLLM's settings module in this process only, then vLLM runs here as
 ``python -m vllm.entrypoints.openai.api_server`` would.
+
+(systemd's ``LoadCredential=`` would hand the file over as well; it is not used because it
+cannot be shown to work in the systemd containers this project is tested in, where the
+service's credential folder stays empty.)
 """
 
 from __future__ import annotations
@@ -18,19 +22,18 @@ import sys
 from pathlib import Path
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-CREDENTIAL = "api-key"
+KEY_FILE_VARIABLE = "SPECFLEET_API_KEY_FILE"
 
 
 def read_api_key() -> str | None:
-    """The key systemd loaded for this service, if any."""
-    folder = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not folder:
+    """The key in the file the unit names, if it names one."""
+    name = os.environ.get(KEY_FILE_VARIABLE)
+    if not name:
         return None
-    path = Path(folder) / CREDENTIAL
-    if not path.is_file():
-        return None
-    key = path.read_text().strip()
-    return key or None
+    key = Path(name).read_text().strip()
+    if not key:
+        raise SystemExit(f"specfleet.serve: {name} is empty")
+    return key
 
 
 def hand_key_to_vllm(key: str) -> None:
@@ -48,7 +51,7 @@ def hand_key_to_vllm(key: str) -> None:
 
 def main(argv: list[str]) -> None:
     if "VLLM_API_KEY" in os.environ or any(arg.startswith("--api-key") for arg in argv):
-        raise SystemExit("specfleet.serve: the key comes from the credential only")
+        raise SystemExit("specfleet.serve: the key comes from its file only")
     key = read_api_key()
     if key:
         hand_key_to_vllm(key)
