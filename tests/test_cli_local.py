@@ -22,13 +22,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
 
 from specfleet.interrupt import child_groups
+from specfleet.lab import tour
 from specfleet.paths import repo_root
+from specfleet.runopts import RunOptions
 
 ROOT = repo_root()
 METRICS = """\
@@ -343,3 +345,108 @@ def test_the_workers_groups_are_found_from_proc(tmp_path: Path) -> None:
         (tmp_path / str(pid) / "stat").write_text(f"{pid} (ansible (x)) S {ppid} {pgid} {pgid} 0")
     (tmp_path / "self").mkdir()
     assert child_groups(100, proc=tmp_path) == {101, 102}
+
+
+# ----------------------------------------------------------------- lab up's tour
+class FakeServing(http.server.BaseHTTPRequestHandler):
+    """/metrics and /v1/completions like vLLM: each completion drafts 4 times."""
+
+    counters: ClassVar[dict[str, int]] = {"drafts": 40, "draft_tokens": 120, "accepted": 70}
+
+    def do_GET(self) -> None:
+        c = self.counters
+        text = (
+            f'vllm:spec_decode_num_drafts_total{{engine="0"}} {c["drafts"]}\n'
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {c["draft_tokens"]}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {c["accepted"]}\n'
+        )
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.end_headers()
+        self.wfile.write(text.encode())
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != "Bearer lab-key" or body["model"] != "tiny":
+            self.send_response(401)
+            self.end_headers()
+            return
+        for name, n in (("drafts", 4), ("draft_tokens", 12), ("accepted", 7)):
+            self.counters[name] += n
+        answer = {"choices": [{"text": " checks the output."}], "usage": {"completion_tokens": 16}}
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps(answer).encode())
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("through_balancer", [False, True], ids=["direct", "balancer"])
+def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
+    tmp_path: Path, through_balancer: bool
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeServing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    inventory = write_inventory(
+        tmp_path / "hosts.yml",
+        {
+            "lab-x": {"ansible_host": "lab-x-container", "vllm_server_api_key": "lab-key"},
+            "lb": {},
+        },
+    )
+    status = {
+        "servers": {
+            "lab-x": {
+                "reachable": True,
+                "health": "ok",
+                "endpoint": url,
+                "model": "tiny",
+                "drafter": "9f86d081884c",
+                "stack": {"python": sys.executable, "pythonpath": str(ROOT / "src")},
+            }
+        },
+        "loadbalancer": {
+            "host": "lb",
+            "reachable": True,
+            "port": server.server_address[1],
+            "tls": False,
+        }
+        if through_balancer
+        else None,
+    }
+    containers: list[str] = []
+
+    def here(container: str, argv: list[str], stdin: str, timeout: float) -> str:
+        # `docker exec` runs argv in the lab host's container; this machine stands in for it.
+        containers.append(container)
+        run = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    try:
+        lab = tour(RunOptions(inventories=(str(inventory),)), status, exec_in=here)
+    finally:
+        server.shutdown()
+    completion = lab["completion"]
+    assert completion == {
+        "via": "lb" if through_balancer else "lab-x",
+        "url": url,
+        "model": "tiny",
+        "prompt": completion["prompt"],
+        "text": " checks the output.",
+        "completion_tokens": 16,
+        "drafts": 4,
+        "draft_tokens": 12,
+        "accepted_tokens": 7,
+        "mean_acceptance_length": 2.75,
+    }
+    # Counters read in the server's container, the request sent from the entry's.
+    entry = "lb" if through_balancer else "lab-x-container"
+    assert containers == ["lab-x-container", entry, "lab-x-container"]
+    assert lab["servers"] == [
+        {"host": "lab-x", "endpoint": url, "model": "tiny", "drafter": "9f86d081884c",
+         "health": "ok"}
+    ]  # fmt: skip

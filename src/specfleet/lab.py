@@ -9,12 +9,15 @@ balancer when it has one) and reports the speculative counters it moved.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import ansible_runner
+from ansible_runner.exceptions import AnsibleRunnerException
 
 from specfleet import metrics
 from specfleet.image import ensure_image
@@ -95,7 +98,11 @@ class TourError(Exception):
     pass
 
 
-def _docker_exec(container: str, argv: list[str], stdin: str = "", timeout: float = 330) -> str:
+#: Runs argv in a lab host's container: (container, argv, stdin, timeout) -> stdout.
+ExecIn = Callable[[str, list[str], str, float], str]
+
+
+def docker_exec(container: str, argv: list[str], stdin: str = "", timeout: float = 330) -> str:
     result = subprocess.run(
         ["docker", "exec", "-i", container, *argv],
         input=stdin,
@@ -111,17 +118,34 @@ def _docker_exec(container: str, argv: list[str], stdin: str = "", timeout: floa
 
 def _hostvars(options: RunOptions) -> dict[str, dict[str, Any]]:
     """Each host's inventory variables as Ansible resolves them (group_vars included)."""
-    response, error = ansible_runner.get_inventory(
-        action="list",
-        inventories=options.inventory_sources(),
-        response_format="json",
-        vault_password_file=options.vault_password_file,
-        envvars=runner_env(),
-        quiet=True,
-    )
+    env = runner_env()
+    # get_inventory looks ansible-inventory up on this process's PATH (run() uses envvars'):
+    # make it the project venv's, as for ansible-playbook.
+    with _environ_path(env["PATH"]):
+        response, error = ansible_runner.get_inventory(
+            action="list",
+            inventories=options.inventory_sources(),
+            response_format="json",
+            vault_password_file=options.vault_password_file,
+            envvars=env,
+            quiet=True,
+        )
     if not isinstance(response, dict):
         raise TourError(f"ansible-inventory --list: {error or response}")
     return dict((response.get("_meta") or {}).get("hostvars") or {})
+
+
+@contextlib.contextmanager
+def _environ_path(path: str) -> Iterator[None]:
+    previous = os.environ.get("PATH")
+    os.environ["PATH"] = path
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = previous
 
 
 def _container(hostvars: Mapping[str, Any], host: str) -> str:
@@ -129,7 +153,7 @@ def _container(hostvars: Mapping[str, Any], host: str) -> str:
     return str((hostvars.get(host) or {}).get("ansible_host") or host)
 
 
-def _counters(container: str, row: Mapping[str, Any]) -> dict[str, float]:
+def _counters(exec_in: ExecIn, container: str, row: Mapping[str, Any]) -> dict[str, float]:
     stack = row["stack"]
     argv = [
         "env",
@@ -139,11 +163,13 @@ def _counters(container: str, row: Mapping[str, Any]) -> dict[str, float]:
         "specfleet.metrics",
         f"{row['endpoint']}/metrics",
     ]
-    values = json.loads(_docker_exec(container, argv, timeout=60))
+    values = json.loads(exec_in(container, argv, "", 60))
     return {name: float(values.get(name, 0)) for name in _COUNTED}
 
 
-def tour(options: RunOptions, status: Mapping[str, Any]) -> dict[str, Any]:
+def tour(
+    options: RunOptions, status: Mapping[str, Any], exec_in: ExecIn = docker_exec
+) -> dict[str, Any]:
     """What the lab serves, and one real completion through it with its counters."""
     servers = {
         host: row
@@ -167,8 +193,15 @@ def tour(options: RunOptions, status: Mapping[str, Any]) -> dict[str, Any]:
         summary["completion"] = {"error": "no server answers its health check"}
         return summary
     try:
-        summary["completion"] = _complete(options, servers, status.get("loadbalancer"))
-    except (TourError, KeyError, ValueError, subprocess.TimeoutExpired) as error:
+        summary["completion"] = _complete(options, servers, status.get("loadbalancer"), exec_in)
+    except (
+        TourError,
+        AnsibleRunnerException,
+        KeyError,
+        ValueError,
+        OSError,
+        subprocess.TimeoutExpired,
+    ) as error:
         summary["completion"] = {"error": str(error)}
     return summary
 
@@ -177,6 +210,7 @@ def _complete(
     options: RunOptions,
     servers: Mapping[str, Mapping[str, Any]],
     balancer: Mapping[str, Any] | None,
+    exec_in: ExecIn,
 ) -> dict[str, Any]:
     hostvars = _hostvars(options)
     first = next(iter(servers))
@@ -186,12 +220,12 @@ def _complete(
         url = f"{scheme}://127.0.0.1:{balancer.get('port')}"
     else:
         via, url = first, str(servers[first]["endpoint"])
-    before = {host: _counters(_container(hostvars, host), row) for host, row in servers.items()}
+    before = {h: _counters(exec_in, _container(hostvars, h), row) for h, row in servers.items()}
     model = str(servers[first]["model"])
     request = ["python3", "-c", _COMPLETE, url, model, PROMPT, str(MAX_TOKENS)]
     api_key = str((hostvars.get(first) or {}).get("vllm_server_api_key") or "")
-    answer = json.loads(_docker_exec(_container(hostvars, via), request, stdin=api_key))
-    after = {host: _counters(_container(hostvars, host), row) for host, row in servers.items()}
+    answer = json.loads(exec_in(_container(hostvars, via), request, api_key, 330))
+    after = {h: _counters(exec_in, _container(hostvars, h), row) for h, row in servers.items()}
     moved = {
         name: int(sum(after[host][name] - before[host][name] for host in servers))
         for name in _COUNTED
