@@ -178,6 +178,15 @@ def test_training_steps_draw_a_bar() -> None:
     assert any("[5/6] evaluate" in line and "1/4" in line for line in text.splitlines())
 
 
+def test_the_last_training_line_stays_when_the_live_display_ends() -> None:
+    out = console()
+    with LiveView(out) as view:
+        view(progress("[4/6] train: step 120/120, loss 1.10, 820 tok/s, ETA 0 s - trained"))
+    assert out.export_text().splitlines()[-1] == (
+        "gpu-01: [4/6] train: step 120/120, loss 1.10, 820 tok/s, ETA 0 s - trained"
+    )
+
+
 STATUS_DATA = {
     "specfleet_fleet": {"servers": ["gpu-01", "gpu-02", "gpu-03"], "balancer": "lb-01"},
     "specfleet_status": {

@@ -52,6 +52,8 @@ class TrainingLine:
     #: "loss 2.31, 812 tok/s, ETA 95 s"
     detail: str
     message: str
+    #: The line as the role printed it.
+    text: str
 
 
 def parse_training_line(text: str) -> TrainingLine | None:
@@ -68,6 +70,7 @@ def parse_training_line(text: str) -> TrainingLine | None:
         total=int(total) if total and total.isdigit() else None,
         detail=(match["detail"] or "").strip(" ,"),
         message=tail.strip(),
+        text=text.strip(),
     )
 
 
@@ -307,6 +310,9 @@ class LiveView:
 
     def __exit__(self, *exc: object) -> None:
         self.live.stop()
+        # The bars go with the live display: keep where each training job got to.
+        for host, line in sorted(self.state.training.items()):
+            self.note(f"{host}: {line.text}")
 
 
 def make_view(console: Console, *, quiet: bool, machine: bool) -> View:
