@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from specfleet.interrupt import child_groups
-from specfleet.lab import tour
+from specfleet.lab_tour import tour
 from specfleet.paths import repo_root
 from specfleet.runopts import RunOptions
 

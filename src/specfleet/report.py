@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specfleet.lab import NEXT_COMMANDS
+from specfleet.lab_tour import NEXT_COMMANDS
 from specfleet.status import status_table
 from specfleet.summary import ExitCode, Outcome, host_totals
 
