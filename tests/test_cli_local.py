@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -426,10 +427,13 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
         assert run.returncode == 0, run.stderr
         return run.stdout
 
+    leftovers = set(Path(tempfile.gettempdir()).glob(".ansible-runner-*"))
     try:
         lab = tour(RunOptions(inventories=(str(inventory),)), status, exec_in=here)
     finally:
         server.shutdown()
+    # ansible-inventory's output holds the API key: no copy of it is left behind.
+    assert set(Path(tempfile.gettempdir()).glob(".ansible-runner-*")) == leftovers
     completion = lab["completion"]
     assert completion == {
         "via": "lb" if through_balancer else "lab-x",

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -77,13 +78,19 @@ def _hostvars(options: RunOptions) -> dict[str, dict[str, Any]]:
     env = runner_env()
     # get_inventory looks ansible-inventory up on this process's PATH (run() uses envvars'):
     # make it the project venv's, as for ansible-playbook.
-    with _environ_path(env["PATH"]):
+    # Its artifacts hold the whole inventory (the API key, decrypted vault values): a
+    # private folder removed at once, not ansible-runner's default one left in /tmp.
+    with (
+        _environ_path(env["PATH"]),
+        tempfile.TemporaryDirectory(prefix="specfleet-inventory-") as private,
+    ):
         response, error = ansible_runner.get_inventory(
             action="list",
             inventories=options.inventory_sources(),
             response_format="json",
             vault_password_file=options.vault_password_file,
             envvars=env,
+            private_data_dir=private,
             quiet=True,
         )
     if not isinstance(response, dict):
