@@ -31,6 +31,7 @@ import yaml
 from specfleet.interrupt import child_groups
 from specfleet.lab_tour import tour
 from specfleet.paths import repo_root
+from specfleet.playbook import Session
 from specfleet.runopts import RunOptions
 
 ROOT = repo_root()
@@ -454,3 +455,46 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
         {"host": "lab-x", "endpoint": url, "model": "tiny", "drafter": "9f86d081884c",
          "health": "ok"}
     ]  # fmt: skip
+
+
+VAULTED = """\
+- name: Use a vaulted value
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Check the secret
+      ansible.builtin.assert:
+        that: secret_value == 'hello-secret'
+"""
+
+
+def test_ask_vault_pass_answers_ansible_playbooks_prompt(tmp_path: Path, checkout: Path) -> None:
+    # What --ask-vault-pass does after asking the operator: ansible-playbook prompts
+    # "Vault password:" on its terminal and ansible-runner answers it.
+    password_file = tmp_path / "password"
+    password_file.write_text("pw123\n")
+    vaulted = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-vault"), "encrypt_string", "hello-secret",
+         "--name", "secret_value", "--vault-password-file", str(password_file)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (tmp_path / "secret.yml").write_text(vaulted)
+    (checkout / "playbooks" / "site.yml").write_text(VAULTED)
+    inventory = write_inventory(tmp_path / "hosts.yml", {"first": local_host()})
+    results = {}
+    for password in ("pw123", "wrong"):
+        options = RunOptions(
+            inventories=(str(inventory),),
+            extra_vars=(f"@{tmp_path}/secret.yml",),
+            ask_vault_pass=True,
+            vault_password=password,
+        )
+        env = {"SPECFLEET_ROOT": str(checkout), "SPECFLEET_CACHE": str(tmp_path / "cache")}
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            with Session("provision", options) as session:
+                results[password] = session.run("site.yml")
+    assert results["pw123"].ok, results["pw123"]
+    assert results["wrong"].failed_hosts == ("first",)
+    assert "Decryption failed" in results["wrong"].failures[0].message
