@@ -1,32 +1,224 @@
-"""specfleet's command line: the lab, the test hosts' image, stack locks and wheelhouses."""
+"""specfleet: one command per operator job.
+
+  provision   converge hosts from a bare OS to serving (playbooks/site.yml)
+  upgrade     roll the fleet to a stack lock (playbooks/upgrade.yml, --lock NAME)
+  train       train an EAGLE-3 drafter and publish it (playbooks/train_drafter.yml)
+  status      what each serving host runs, read only (playbooks/status.yml)
+  lab         the local lab: up, down, status
+
+Playbooks run through ansible-runner with ansible-playbook's options (-i, -l, -e, --check,
+--diff, --vault-password-file, --ask-vault-pass). On a terminal it draws progress per host;
+piped, it prints plain lines; --quiet prints only the summary, --json only one JSON document.
+Ansible's full output goes to a log file, named on the last line printed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import getpass
+import io
+import json
+import os
 import sys
-from pathlib import Path
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+from rich.console import Console
 
 from specfleet.image import ensure_image
 from specfleet.lab import lab_down, lab_up
-from specfleet.playbook import PlayResult
+from specfleet.paths import repo_root
+from specfleet.playbook import Session, playbook_path
+from specfleet.progress_view import View, make_view
+from specfleet.report import render_outcome
+from specfleet.runopts import BadInput, RunOptions
 from specfleet.stacklock import StackLock, StackSpec, resolve
+from specfleet.status import fleet_status
+from specfleet.summary import EXIT_CODES_HELP, ExitCode, Outcome, document, exit_code
 from specfleet.wheelhouse import ensure_wheelhouse
 
-
-def _report(results: list[PlayResult]) -> int:
-    for result in results:
-        changed = ", ".join(f"{host}={n}" for host, n in sorted(result.changed.items()))
-        print(f"specfleet: {result.playbook}: rc={result.rc} changed: {changed or 'none'}")
-        if result.failed_hosts:
-            print(f"specfleet: failed hosts: {', '.join(result.failed_hosts)}", file=sys.stderr)
-    return 0 if all(result.ok for result in results) else 1
+Details = dict[str, Any]
 
 
-def _cmd_lab(args: argparse.Namespace) -> int:
-    inventory = Path(args.inventory) if args.inventory else None
-    return _report(lab_up(inventory) if args.action == "up" else lab_down(inventory))
+class UsageError(Exception):
+    """argparse refused the command line (reported as bad input, in JSON with --json)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+# ----------------------------------------------------------------- jobs
+def _provision(session: Session, args: argparse.Namespace, view: View) -> Details:
+    session.run("site.yml")
+    return {}
+
+
+def _upgrade(session: Session, args: argparse.Namespace, view: View) -> Details:
+    session.run("upgrade.yml", command_vars={"ml_stack_lock": args.lock} if args.lock else None)
+    return {}
+
+
+def _train(session: Session, args: argparse.Namespace, view: View) -> Details:
+    session.run("train_drafter.yml")
+    return {}
+
+
+def _status(session: Session, args: argparse.Namespace, view: View) -> Details:
+    return {"status": fleet_status(session.run("status.yml"))}
+
+
+def _lab(session: Session, args: argparse.Namespace, view: View) -> Details:
+    if args.action == "up":
+        return lab_up(session, note=view.note)
+    if args.action == "down":
+        return lab_down(session)
+    return _status(session, args, view)
+
+
+@dataclass(frozen=True)
+class Job:
+    run: Callable[[Session, argparse.Namespace, View], Details]
+    #: The playbooks it runs (by lab action for `lab`), checked before anything starts.
+    playbooks: dict[str | None, tuple[str, ...]]
+
+
+JOBS: dict[str, Job] = {
+    "provision": Job(_provision, {None: ("site.yml",)}),
+    "upgrade": Job(_upgrade, {None: ("upgrade.yml",)}),
+    "train": Job(_train, {None: ("train_drafter.yml",)}),
+    "status": Job(_status, {None: ("status.yml",)}),
+    "lab": Job(
+        _lab,
+        {
+            "up": ("lab.yml", "site.yml", "status.yml"),
+            "down": ("lab.yml",),
+            "status": ("status.yml",),
+        },
+    ),
+}
+
+
+def _check_lock(name: str | None) -> None:
+    if name is None:
+        return
+    lock = repo_root() / "locks" / f"{name}.txt"
+    if not lock.is_file():
+        raise BadInput(f"--lock {name}: no {lock} (`specfleet lock {name}` makes it)")
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(
+        inventories=tuple(args.inventory or ()),
+        limit=getattr(args, "limit", None),
+        extra_vars=tuple(args.extra_vars or ()),
+        check=getattr(args, "check", False),
+        diff=getattr(args, "diff", False),
+        vault_password_file=args.vault_password_file,
+        ask_vault_pass=args.ask_vault_pass,
+        verbosity=args.verbose,
+    )
+
+
+@contextlib.contextmanager
+def final_output_only() -> Iterator[None]:
+    """While the command runs, whatever is written to stdout goes to stderr instead: Python's
+    prints and subprocesses' output (docker, pip) alike, so that stdout carries only what is
+    printed after (the summary, or the one JSON document)."""
+    sys.stdout.flush()
+    try:
+        real = sys.stdout.fileno() == 1
+    except (OSError, ValueError, io.UnsupportedOperation):
+        real = False
+    saved = os.dup(1) if real else None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def make_console() -> Console:
+    """rich's console on stdout; piped output (CI logs) is not folded at 80 columns."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=160)
+    return console
+
+
+def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
+    """Run a playbook command and report it; returns its exit code."""
+    console = console or make_console()
+    command = f"lab-{args.action}" if args.command == "lab" else args.command
+    job = JOBS[args.command]
+    started = time.monotonic()
+    session: Session | None = None
+    details: Details = {}
+    error: str | None = None
+    code: ExitCode | None = None
+    interrupted = False
+    silent = args.quiet or args.json
+    with final_output_only() if silent else contextlib.nullcontext():
+        view = make_view(console, quiet=args.quiet, machine=args.json)
+        try:
+            options = _options(args)
+            options.validate()
+            for playbook in job.playbooks[getattr(args, "action", None)]:
+                playbook_path(playbook)
+            _check_lock(getattr(args, "lock", None))
+            if options.ask_vault_pass:
+                options = _with_vault_password(options)
+            session = Session(command, options, observer=view)
+            with session, view:
+                details = job.run(session, args, view)
+        except BadInput as failure:
+            error, code = str(failure), ExitCode.BAD_INPUT
+        except KeyboardInterrupt:
+            interrupted = True
+        except Exception as failure:
+            # A bug or a broken environment: still one answer, and its traceback on stderr.
+            traceback.print_exc()
+            error, code = f"{type(failure).__name__}: {failure}", ExitCode.ERROR
+    results = session.results if session else []
+    if code is None:
+        interrupted = interrupted or bool(session and session.interrupted)
+        code = exit_code(results, interrupted=interrupted)
+    outcome = Outcome(
+        command=command,
+        results=results,
+        code=code,
+        seconds=time.monotonic() - started,
+        log=session.log_path if session else None,
+        error=error,
+        details=details,
+    )
+    if args.json:
+        print(json.dumps(document(outcome), indent=2, sort_keys=False))
+    else:
+        render_outcome(console, outcome)
+    return int(code)
+
+
+def _with_vault_password(options: RunOptions) -> RunOptions:
+    """Ask here, once; ansible-runner answers ansible-playbook's prompt with it."""
+    try:
+        secret = getpass.getpass("Vault password: ")
+    except EOFError as error:
+        raise BadInput("--ask-vault-pass: no terminal to ask on") from error
+    return replace(options, vault_password=secret)
+
+
+# ----------------------------------------------------------------- other commands
 def _cmd_image(args: argparse.Namespace) -> int:
     print(ensure_image(rebuild=args.rebuild))
     return 0
@@ -46,14 +238,88 @@ def _cmd_wheelhouse(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specfleet", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+# ----------------------------------------------------------------- parser
+def _output_options() -> argparse.ArgumentParser:
+    parent = _Parser(add_help=False)
+    group = parent.add_argument_group("output")
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument("-q", "--quiet", action="store_true", help="print only the final summary")
+    mode.add_argument(
+        "--json",
+        action="store_true",
+        help="print exactly one JSON document on stdout (and nothing else)",
+    )
+    return parent
 
-    lab = commands.add_parser("lab", help="bring the local lab up (and converge it) or down")
-    lab.add_argument("action", choices=["up", "down"])
-    lab.add_argument("-i", "--inventory", help="lab inventory (default: inventory/lab)")
-    lab.set_defaults(func=_cmd_lab)
+
+def _ansible_options(*, limit: bool = True) -> argparse.ArgumentParser:
+    parent = _Parser(add_help=False)
+    group = parent.add_argument_group("ansible-playbook options")
+    group.add_argument(
+        "-i",
+        "--inventory",
+        action="append",
+        metavar="INVENTORY",
+        help="inventory file, folder or host list (repeatable; default: inventory/lab)",
+    )
+    if limit:
+        group.add_argument("-l", "--limit", metavar="PATTERN", help="limit to these hosts")
+        group.add_argument("--check", action="store_true", help="dry run: change nothing")
+        group.add_argument("--diff", action="store_true", help="show the changes to files")
+    group.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        metavar="VARS",
+        help="key=value ..., @FILE (YAML or JSON) or inline JSON; repeatable, later ones win",
+    )
+    vault = group.add_mutually_exclusive_group()
+    vault.add_argument("--vault-password-file", metavar="FILE", help="vault password file")
+    vault.add_argument(
+        "--ask-vault-pass", action="store_true", help="ask for the vault password first"
+    )
+    group.add_argument(
+        "-v", "--verbose", action="count", default=0, help="Ansible's verbosity (in the log)"
+    )
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="specfleet",
+        description=__doc__,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parents = [_ansible_options(), _output_options()]
+    epilog = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+    commands.add_parser(
+        "provision", parents=parents, help="converge hosts to serving (site.yml)", **epilog
+    )
+    upgrade = commands.add_parser(
+        "upgrade", parents=parents, help="roll the fleet to a stack lock (upgrade.yml)", **epilog
+    )
+    upgrade.add_argument(
+        "--lock", metavar="NAME", help="stack lock locks/NAME.txt (extra var ml_stack_lock)"
+    )
+    commands.add_parser(
+        "train",
+        parents=parents,
+        help="train a drafter and publish it (train_drafter.yml)",
+        **epilog,
+    )
+    commands.add_parser(
+        "status", parents=parents, help="what each serving host runs, read only", **epilog
+    )
+    lab = commands.add_parser(
+        "lab",
+        parents=[_ansible_options(limit=False), _output_options()],
+        help="the local lab: up (create and converge), down, status",
+        **epilog,
+    )
+    lab.add_argument("action", choices=["up", "down", "status"])
 
     image = commands.add_parser("image", help="build or reuse the Debian 12 systemd host image")
     image.add_argument("--rebuild", action="store_true", help="rebuild even when cached")
@@ -69,8 +335,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _bad_usage(error: UsageError, argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
+    if "--json" in argv:
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        outcome = Outcome(
+            command=command or "",
+            results=[],
+            code=ExitCode.BAD_INPUT,
+            seconds=0.0,
+            log=None,
+            error=str(error),
+        )
+        print(json.dumps(document(outcome), indent=2))
+    else:
+        parser.print_usage(sys.stderr)
+        print(error, file=sys.stderr)
+    return int(ExitCode.BAD_INPUT)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        return _bad_usage(error, argv, parser)
+    if args.command in JOBS:
+        return run_job(args)
     return int(args.func(args))
 
 

@@ -2,26 +2,38 @@
 
 Everything here is Ansible: `playbooks/lab.yml` creates or removes the
 containers from the lab inventory, then `playbooks/site.yml` converges them
-exactly as it would converge a real fleet.
+exactly as it would converge a real fleet, and `playbooks/status.yml` reads
+what they serve. `lab up` ends with the tour (specfleet.lab_tour): one real
+completion through the lab and the speculative counters it moved.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 from specfleet.image import ensure_image
+from specfleet.lab_tour import tour
 from specfleet.paths import cache_dir
-from specfleet.playbook import PlayResult, run_playbook
+from specfleet.playbook import Session
 from specfleet.stacklock import StackLock, StackSpec
+from specfleet.status import fleet_status
 from specfleet.wheelhouse import ensure_wheelhouse
 
 # The stack the lab hosts run (profile cpu); its wheelhouse is shared with
 # them read-only, as a fleet would share it over NFS.
 LAB_STACK = "cpu"
 
+Note = Callable[[str], None]
 
-def lab_up(inventory: Path | None = None) -> list[PlayResult]:
-    """Create the lab's containers, then converge them; stops at the first failure."""
+
+def lab_up(session: Session, note: Note = print) -> dict[str, Any]:
+    """Create the lab's containers, converge them, read their status and try them.
+
+    Stops at the first run that did not succeed. Returns the command's details for the
+    summary (``status``, ``lab``), empty when it stopped early.
+    """
+    note("lab: the host image and the stack's wheelhouse (built once, then reused)")
     image = ensure_image()
     ensure_wheelhouse(StackSpec.load(LAB_STACK), StackLock.read(LAB_STACK))
     extravars = {
@@ -29,11 +41,13 @@ def lab_up(inventory: Path | None = None) -> list[PlayResult]:
         "lab_image": image,
         "lab_wheelhouse_root": str(cache_dir("wheelhouse")),
     }
-    results = [run_playbook("lab.yml", inventory=inventory, extravars=extravars)]
-    if results[-1].ok:
-        results.append(run_playbook("site.yml", inventory=inventory))
-    return results
+    for playbook, own_vars in (("lab.yml", extravars), ("site.yml", None)):
+        if not session.run(playbook, extravars=own_vars).ok:
+            return {}
+    status = fleet_status(session.run("status.yml"))
+    return {"status": status, "lab": tour(session.options, status)}
 
 
-def lab_down(inventory: Path | None = None) -> list[PlayResult]:
-    return [run_playbook("lab.yml", inventory=inventory, extravars={"lab_state": "absent"})]
+def lab_down(session: Session) -> dict[str, Any]:
+    session.run("lab.yml", extravars={"lab_state": "absent"})
+    return {}

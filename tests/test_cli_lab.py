@@ -1,0 +1,152 @@
+"""The CLI end to end against lab containers (Docker): one lab of the module's own (one host,
+cli-lab-01), brought up once with `specfleet lab up --json`, then read, probed with an
+unreachable host and a bad inventory, and removed.
+
+Run: `.venv/bin/pytest tests/test_cli_lab.py` (about 4 min on 2 cores with the image and the
+wheelhouse cached; `bin/lab up` builds them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_lab import containers, lab_inventory_with, specfleet_json
+
+from specfleet.paths import repo_root
+
+HOST = "cli-lab-01"
+GHOST = "cli-lab-ghost"
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-")
+    try:
+        rc, up = specfleet_json("lab", "up", "-i", str(inventory))
+        assert rc == 0, up
+        yield inventory, up
+    finally:
+        rc, down = specfleet_json("lab", "down", "-i", str(inventory))
+        assert rc == 0, down
+        assert not containers("cli-lab-")
+
+
+def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> None:
+    _, up = lab
+    assert up["rc"] == 0 and up["result"] == "ok"
+    assert up["playbooks"] == ["lab.yml", "site.yml", "status.yml"]
+    assert Path(up["log"]).is_file()
+    row = up["status"]["servers"][HOST]
+    assert row["health"] == "ok"
+    assert row["stack"]["lock"] == "cpu" and row["stack"]["vllm"]
+    assert row["drafter"] != "absent"
+    (server,) = up["lab"]["servers"]
+    assert server == {
+        "host": HOST,
+        "endpoint": row["endpoint"],
+        "model": "tiny",
+        "drafter": row["drafter"],
+        "health": "ok",
+    }
+    assert row["endpoint"].startswith("http://") and row["endpoint"].endswith(":8000")
+    completion = up["lab"]["completion"]
+    assert "error" not in completion, completion
+    assert completion["via"] == HOST
+    assert completion["completion_tokens"] > 0 and completion["text"]
+    assert completion["drafts"] > 0 and completion["draft_tokens"] > 0
+    assert completion["accepted_tokens"] >= 0
+    assert up["lab"]["next"][:2] == ["specfleet status", "specfleet train"]
+
+
+def test_status_reads_the_lab_and_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:
+    inventory, _ = lab
+    rc, status = specfleet_json("status", "-i", str(inventory))
+    assert rc == 0, status
+    assert status["hosts"][HOST]["changed"] == 0 and status["hosts"][HOST]["failed"] == 0
+    row = status["status"]["servers"][HOST]
+    assert row["unit"]["active"] == "active" and row["unit"]["sub"] == "running"
+    assert row["unit"]["main_pid"] > 0
+    assert row["whitelist"] != "absent"
+    assert row["acceptance"]["drafts"] > 0, "lab up's gate and completion drafted tokens"
+    assert row["acceptance"]["mean_acceptance_length"] >= 1
+    assert status["status"]["loadbalancer"] is None
+
+
+def test_an_unreachable_host_is_named_and_has_its_exit_code(
+    lab: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    inventory, _ = lab
+    hosts = yaml.safe_load(inventory.read_text())
+    # In gpu_hosts, not in `lab`: `lab up` never made a container for it.
+    hosts["all"]["children"]["gpu_hosts"]["hosts"] = {
+        GHOST: {
+            "ansible_connection": "community.docker.docker",
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+    }
+    ghost_inventory = inventory.parent / "with-ghost.yml"
+    ghost_inventory.write_text(yaml.safe_dump(hosts))
+    rc, status = specfleet_json("status", "-i", str(ghost_inventory))
+    assert rc == 4, status
+    assert status["result"] == "unreachable"
+    assert status["unreachable_hosts"] == [GHOST]
+    assert {t["host"] for t in status["failed_tasks"]} == {GHOST}
+    assert status["status"]["servers"][GHOST] == {"reachable": False, "error": "unreachable"}
+    assert status["status"]["servers"][HOST]["health"] == "ok"
+
+
+def _served(inventory: Path) -> dict[str, Any]:
+    rc, status = specfleet_json("status", "-i", str(inventory))
+    assert rc == 0, status
+    unit: dict[str, Any] = status["status"]["servers"][HOST]["unit"]
+    return unit
+
+
+def test_a_bad_inventory_is_exit_2_and_changes_nothing(
+    lab: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    inventory, _ = lab
+    before = _served(inventory), containers("cli-lab-")
+    broken = inventory.parent / "broken.yml"
+    broken.write_text(inventory.read_text().replace("children:", "children: [", 1))
+    rc, run = specfleet_json("provision", "-i", str(broken))
+    assert rc == 2, run
+    assert run["result"] == "bad_input" and str(broken) in run["error"]
+    assert run["hosts"] == {}
+    rc, run = specfleet_json("provision", "-i", str(inventory.parent / "missing.yml"))
+    assert rc == 2 and "inventory not found" in run["error"] and run["runs"] == []
+    after = _served(inventory), containers("cli-lab-")
+    # Same server process, no restart, same containers.
+    assert after == before
+
+
+def test_provision_piped_prints_plain_lines_and_changes_nothing(
+    lab: tuple[Path, dict[str, Any]],
+) -> None:
+    inventory, _ = lab
+    run = subprocess.run(
+        [sys.executable, "-m", "specfleet.cli", "provision", "-i", str(inventory)],
+        env={**os.environ, "SPECFLEET_ROOT": str(repo_root())},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.rstrip("\n").splitlines()
+    assert "\x1b" not in run.stdout
+    assert lines[0] == "== site.yml: Host stack (driver and CUDA, torch and vLLM)"
+    assert f"{HOST}: vllm_server" in lines
+    assert not [line for line in lines if ": changed: " in line], "a re-run changes nothing"
+    assert len(lines) < 60, "a converge reads in one screen"
+    assert lines[-2].startswith("specfleet provision: ok (exit 0)")
+    assert Path(lines[-1].removeprefix("log: ")).is_file()
