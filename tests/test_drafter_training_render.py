@@ -8,12 +8,10 @@ policy stop, a job that gives up hands the GPUs back to the server.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, systemd_verify
 
 ROLE = ROOT / "roles" / "drafter_training"
 
@@ -77,28 +75,5 @@ def test_policy_share_keeps_the_server(ansible):
 @pytest.mark.parametrize("accelerator", ["cpu", "cuda"])
 def test_systemd_accepts_the_unit_and_its_exposure(ansible, tmp_path, accelerator):
     unit = render(ansible, specfleet_accelerator=accelerator)
-    path = tmp_path / "specfleet-drafter-training.service"
-    path.write_text(unit)
-    for name in ("specfleet-nvidia-devices.service", "specfleet-vllm.service"):
-        (tmp_path / name).write_text("[Service]\nType=oneshot\nExecStart=/bin/true\n")
-    env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
-    verify = subprocess.run(
-        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, env=env
-    )
-    problems = [
-        line
-        for line in (verify.stdout + verify.stderr).splitlines()
-        if line.strip() and "is not executable" not in line and "No such file" not in line
-        and "Command " not in line
-    ]  # fmt: skip
-    assert not problems, problems
-    security = subprocess.run(
-        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
-    score = float(overall.split("service:")[1].split()[0])
-    print(f"{accelerator}: {overall.strip()}")
-    assert score <= 2.0, security.stdout
+    needs = ["specfleet-nvidia-devices.service", "specfleet-vllm.service"]
+    assert systemd_verify(tmp_path, "specfleet-drafter-training.service", unit, needs) <= 2.0
