@@ -164,3 +164,19 @@ def test_no_role_reaches_into_the_project_tree() -> None:
     for path in (ROOT / "roles").rglob("*.yml"):
         text = path.read_text()
         assert "role_path ~ '/../" not in text and "role_path }}/../" not in text, path
+
+
+def test_regex_backreferences_reach_jinja_escaped() -> None:
+    """Jinja reads the string literal '\\1' as the control byte \\x01, so
+    ``regex_search(..., '\\1')`` fails at run time with "Unknown argument"; the
+    backreference must be written '\\\\1'. Only the branch that runs shows it
+    (on a GPU host for flash-attn's toolkit check), so it is checked here, everywhere."""
+    single = re.compile(r"""regex_(?:search|replace).*'\\[0-9]""")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("roles", "playbooks", "molecule")
+        for path in sorted((ROOT / folder).rglob("*.yml"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if single.search(line)
+    ]
+    assert not offenders, offenders
