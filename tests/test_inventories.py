@@ -27,8 +27,11 @@ def inventory(*args: str) -> dict:
 
 
 def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
-    hostvars = inventory("-i", "inventory/lab/hosts.yml")["_meta"]["hostvars"]
-    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02"]
+    data = inventory("-i", "inventory/lab/hosts.yml")
+    hostvars = data["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb"]
+    assert data["loadbalancers"]["hosts"] == ["gpu-lab-lb"]
+    assert data["lab_servers"]["hosts"] == ["gpu-lab-01", "gpu-lab-02"]
     for host in hostvars.values():
         assert host["specfleet_accelerator"] == "cpu"
         assert host["ansible_connection"] == "community.docker.docker"

@@ -21,8 +21,8 @@ def lab_inventory_with(tmp_path: Path, prefix: str) -> Path:
     lab = repo_root() / "inventory" / "lab"
     shutil.copytree(lab / "group_vars", tmp_path / "group_vars")
     hosts = (lab / "hosts.yml").read_text()
-    assert "        gpu-lab-02:\n" in hosts
-    hosts = hosts.replace("        gpu-lab-02:\n", "").replace("gpu-lab-", prefix)
+    assert "            gpu-lab-02:\n" in hosts
+    hosts = hosts.replace("            gpu-lab-02:\n", "").replace("gpu-lab-", prefix)
     (tmp_path / "hosts.yml").write_text(hosts)
     return tmp_path / "hosts.yml"
 

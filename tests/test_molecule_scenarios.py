@@ -30,11 +30,13 @@ def base_image() -> str:
 
 @pytest.fixture(scope="session")
 def wheelhouse_root() -> Path:
-    """The cpu stacks' wheelhouses: scenarios install the host stack offline from them."""
-    for lock_file in sorted((ROOT / "locks").glob("*.toml")):
-        spec = StackSpec.load(lock_file.stem)
-        if spec.profile == "cpu":
-            ensure_wheelhouse(spec, StackLock.read(spec.name))
+    """The cpu stacks' wheelhouses: scenarios install the host stack offline from them
+    (the project's locks, and the locks a scenario keeps for itself in molecule/*/locks)."""
+    for folder in [ROOT / "locks", *sorted((ROOT / "molecule").glob("*/locks"))]:
+        for lock_file in sorted(folder.glob("*.toml")):
+            spec = StackSpec.load(lock_file.stem, folder)
+            if spec.profile == "cpu":
+                ensure_wheelhouse(spec, StackLock.read(spec.name, folder))
     return cache_dir("wheelhouse")
 
 
