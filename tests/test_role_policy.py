@@ -166,17 +166,19 @@ def test_no_role_reaches_into_the_project_tree() -> None:
         assert "role_path ~ '/../" not in text and "role_path }}/../" not in text, path
 
 
-def test_regex_backreferences_reach_jinja_escaped() -> None:
-    """Jinja reads the string literal '\\1' as the control byte \\x01, so
-    ``regex_search(..., '\\1')`` fails at run time with "Unknown argument"; the
-    backreference must be written '\\\\1'. Only the branch that runs shows it
-    (on a GPU host for flash-attn's toolkit check), so it is checked here, everywhere."""
-    single = re.compile(r"""regex_(?:search|replace).*'\\[0-9]""")
+def test_regex_groups_are_read_with_regex_findall() -> None:
+    """A backreference argument to regex_search ('\\1') is read two ways by Ansible: a
+    bare expression (``that:``, ``when:``) unescapes it to the byte \\x01 ("Unknown
+    argument"), a ``{{ }}`` template keeps it, and '\\\\1' there fails with "'NoneType'
+    object has no attribute 'group'". regex_findall returns the groups with no argument
+    to escape. Only the branch that runs shows the error (flash-attn's toolkit check on
+    a GPU host, `specfleet status`), so it is checked here, everywhere."""
+    backreference = re.compile(r"""regex_search.*'\\+(?:[0-9]|g<)""")
     offenders = [
         f"{path.relative_to(ROOT)}:{number}"
         for folder in ("roles", "playbooks", "molecule")
         for path in sorted((ROOT / folder).rglob("*.yml"))
         for number, line in enumerate(path.read_text().splitlines(), start=1)
-        if single.search(line)
+        if backreference.search(line)
     ]
     assert not offenders, offenders
