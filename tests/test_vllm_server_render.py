@@ -115,6 +115,19 @@ def test_unit_with_defaults_cuda(ansible):
     assert "DeviceAllow=char-nvidia-nvswitch rw" not in unit  # fabric manager's, not vLLM's
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert 'CUDA_DEVICE_ORDER="PCI_BUS_ID"' in env.splitlines()
+    assert "CUDA_VISIBLE_DEVICES" not in env  # every GPU by default
+    # Ordered after fabric manager (CUDA error 802 before it) and persistenced.
+    (after,) = [line for line in unit.splitlines() if line.startswith("After=")]
+    assert {"nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(
+        after.split("=")[1].split()
+    )
+
+
+def test_the_server_gpus_are_its_visible_devices(ansible):
+    _, env = render(ansible, specfleet_server_gpus="0,1,2,3")
+    assert 'CUDA_VISIBLE_DEVICES="0,1,2,3"' in env.splitlines()
+    _, env = render(ansible, specfleet_server_gpus="0,1", specfleet_accelerator="cpu")
+    assert "CUDA_VISIBLE_DEVICES" not in env  # no GPUs on the cpu profile
 
 
 def test_unit_profile_cpu(ansible):
