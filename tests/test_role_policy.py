@@ -31,7 +31,8 @@ TASK_KEYS = {
     "become", "become_user", "delegate_to", "run_once", "until", "retries", "delay",
     "async", "poll", "check_mode", "ignore_errors", "args",
 }  # fmt: skip
-MODULES_OF_OURS = {"vllm_eagle3_whitelist", "nvidia_gpu_facts"}
+# The project's own modules: library/*.py.
+MODULES_OF_OURS = {path.stem for path in (ROOT / "library").glob("*.py")}
 
 
 def load(path: Path) -> Any:
