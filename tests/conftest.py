@@ -120,7 +120,8 @@ def json_result(process: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The json callback's document from a playbook run's stdout."""
     start = process.stdout.find("{")
     assert start >= 0, process.stdout + process.stderr
-    result: dict[str, Any] = json.loads(process.stdout[start:])
+    # raw_decode: ansible.cfg's profile_tasks callback may print its recap after it.
+    result: dict[str, Any] = json.JSONDecoder().raw_decode(process.stdout[start:])[0]
     return result
 
 
