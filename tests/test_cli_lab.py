@@ -154,7 +154,7 @@ def test_provision_piped_prints_plain_lines_and_changes_nothing(
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.rstrip("\n").splitlines()
     assert "\x1b" not in run.stdout
-    assert lines[0] == "== site.yml: Driver and CUDA, a wave at a time (a driver change reboots)"
+    assert lines[0] == "== site.yml: Facts, once for the whole run"
     assert f"{HOST}: vllm_server" in lines
     assert not [line for line in lines if ": changed: " in line], "a re-run changes nothing"
     assert len(lines) < 60, "a converge reads in one screen"
