@@ -2,7 +2,7 @@
 
 Run it on a controller (after `bin/bootstrap`, with Docker; nothing else running)::
 
-    .venv/bin/python benchmarks/converge.py [--servers 4] [--rounds 3] [--keep] [--json]
+    .venv/bin/python benchmarks/converge.py [--servers 4] [--rounds 3] [--mitogen] [--keep] [--json]
 
 It brings up a lab of ``--servers`` vLLM servers behind a balancer (its own names,
 ``bench-lab-*``, network and key, so a running lab is left alone) with `specfleet lab up`,
@@ -14,7 +14,9 @@ timing that first converge; then, in one run, over the same SSH connections, it 
   changed=0), and its ratio to facts only;
 * the same no-op converge limited to one server and to all servers (fork scaling);
 * the tasks each host ran and the ten slowest tasks of the no-op converge
-  (ansible.posix.profile_tasks).
+  (ansible.posix.profile_tasks);
+* with ``--mitogen``, the facts-only and the no-op figures again under Mitogen's strategy
+  (``ANSIBLE_STRATEGY=mitogen_linear``, strategy_plugins/), side by side.
 
 The lab is removed at the end unless ``--keep``.
 """
@@ -69,7 +71,7 @@ def _inventory(folder: Path, servers: int) -> Path:
     return path
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
@@ -77,12 +79,15 @@ def _env() -> dict[str, str]:
         "PATH": f"{BIN}:{os.environ['PATH']}",
         # Enough for the ten slowest tasks in profile_tasks' recap.
         "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "10",
+        **extra,
     }
 
 
-def _timed(argv: list[str]) -> tuple[float, str]:
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     start = time.perf_counter()
-    run = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        argv, cwd=ROOT, env=_env(**env), capture_output=True, text=True, check=False
+    )
     elapsed = time.perf_counter() - start
     if run.returncode != 0:
         sys.exit(
@@ -116,8 +121,8 @@ def _slowest(output: str) -> list[tuple[str, float]]:
     return [(m[1].strip(), float(m[2])) for m in map(_PROFILE.match, tail.splitlines()) if m]
 
 
-def _median(argv: list[str], rounds: int) -> tuple[float, str]:
-    runs = [_timed(argv) for _ in range(rounds)]
+def _median(argv: list[str], rounds: int, env: dict[str, str]) -> tuple[float, str]:
+    runs = [_timed(argv, env) for _ in range(rounds)]
     seconds = statistics.median(elapsed for elapsed, _ in runs)
     return seconds, runs[-1][1]
 
@@ -139,9 +144,9 @@ def _no_op(inventory: Path, limit: str, rounds: int) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "hosts": hosts, "slowest": _slowest(output)}
 
 
-def _facts(inventory: Path, limit: str, rounds: int) -> float:
+def _facts(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> float:
     argv = [str(BIN / "ansible"), limit, "-i", str(inventory), "-m", "ansible.builtin.setup"]
-    return round(_median(argv, rounds)[0], 2)
+    return round(_median(argv, rounds, env)[0], 2)
 
 
 def _lab(inventory: Path, action: str) -> float:
@@ -153,25 +158,35 @@ def _lab(inventory: Path, action: str) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def measure(servers: int, rounds: int, keep: bool) -> dict[str, Any]:
+def _figures(inventory: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
+    """Facts only and no-op converges over one connection setting, in one go."""
+    one = f"{PREFIX}01"
+    figures: dict[str, Any] = {
+        "facts_all_s": _facts(inventory, "lab", rounds, env),
+        "facts_one_s": _facts(inventory, one, rounds, env),
+    }
+    everything = _no_op(inventory, "lab", rounds, env)
+    figures["no_op_all_s"] = everything["seconds"]
+    figures["no_op_one_server_s"] = _no_op(inventory, one, rounds, env)["seconds"]
+    figures["no_op_all_servers_s"] = _no_op(inventory, "lab_servers", rounds, env)["seconds"]
+    figures["ratio_to_facts"] = round(figures["no_op_all_s"] / figures["facts_all_s"], 1)
+    figures["fork_scaling"] = round(
+        figures["no_op_all_servers_s"] / figures["no_op_one_server_s"], 2
+    )
+    figures["tasks_per_host"] = {h: t["tasks"] for h, t in everything["hosts"].items()}
+    figures["slowest_tasks"] = everything["slowest"]
+    return figures
+
+
+def measure(servers: int, rounds: int, keep: bool, mitogen: bool) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="specfleet-converge-"))
     inventory = _inventory(folder, servers)
-    one = f"{PREFIX}01"
     report: dict[str, Any] = {"servers": servers, "rounds": rounds}
     try:
         report["first_lab_up_s"] = _lab(inventory, "up")
-        report["facts_all_s"] = _facts(inventory, "lab", rounds)
-        report["facts_one_s"] = _facts(inventory, one, rounds)
-        everything = _no_op(inventory, "lab", rounds)
-        report["no_op_all_s"] = everything["seconds"]
-        report["no_op_one_server_s"] = _no_op(inventory, one, rounds)["seconds"]
-        report["no_op_all_servers_s"] = _no_op(inventory, "lab_servers", rounds)["seconds"]
-        report["ratio_to_facts"] = round(report["no_op_all_s"] / report["facts_all_s"], 1)
-        report["fork_scaling"] = round(
-            report["no_op_all_servers_s"] / report["no_op_one_server_s"], 2
-        )
-        report["tasks_per_host"] = {h: t["tasks"] for h, t in everything["hosts"].items()}
-        report["slowest_tasks"] = everything["slowest"]
+        report["ssh"] = _figures(inventory, rounds, {})
+        if mitogen:
+            report["mitogen"] = _figures(inventory, rounds, {"ANSIBLE_STRATEGY": "mitogen_linear"})
     finally:
         if not keep:
             _lab(inventory, "down")
@@ -181,23 +196,29 @@ def measure(servers: int, rounds: int, keep: bool) -> dict[str, Any]:
 
 def _print(report: dict[str, Any]) -> None:
     servers = report["servers"]
-    print(f"lab: {servers} servers + 1 balancer, SSH; medians of {report['rounds']} rounds")
-    print(f"  first `specfleet lab up`          {report['first_lab_up_s']:8.1f} s")
-    print(f"  facts only (setup), every host    {report['facts_all_s']:8.2f} s")
-    print(
-        f"  no-op site.yml, every host        {report['no_op_all_s']:8.2f} s"
-        f"   {report['ratio_to_facts']}x facts only"
-    )
-    print(f"  facts only, one server            {report['facts_one_s']:8.2f} s")
-    print(f"  no-op site.yml, one server        {report['no_op_one_server_s']:8.2f} s")
-    print(
-        f"  no-op site.yml, {servers} servers        {report['no_op_all_servers_s']:8.2f} s"
-        f"   {report['fork_scaling']}x one server"
-    )
-    print("  tasks per host: " + ", ".join(f"{h} {n}" for h, n in report["tasks_per_host"].items()))
-    print("  ten slowest no-op tasks (profile_tasks, last round):")
-    for name, seconds in report["slowest_tasks"]:
-        print(f"    {seconds:6.2f} s  {name}")
+    print(f"lab: {servers} servers + 1 balancer over SSH; medians of {report['rounds']} rounds")
+    print(f"  first `specfleet lab up`                 {report['first_lab_up_s']:8.1f} s")
+    for strategy in ("ssh", "mitogen"):
+        figures = report.get(strategy)
+        if not figures:
+            continue
+        print(f"{strategy}:")
+        print(f"  facts only (setup), every host           {figures['facts_all_s']:8.2f} s")
+        print(
+            f"  no-op site.yml, every host               {figures['no_op_all_s']:8.2f} s"
+            f"   {figures['ratio_to_facts']}x facts only"
+        )
+        print(f"  facts only, one server                   {figures['facts_one_s']:8.2f} s")
+        print(f"  no-op site.yml, one server               {figures['no_op_one_server_s']:8.2f} s")
+        print(
+            f"  no-op site.yml, {servers} servers               "
+            f"{figures['no_op_all_servers_s']:8.2f} s   {figures['fork_scaling']}x one server"
+        )
+        tasks = ", ".join(f"{h} {n}" for h, n in figures["tasks_per_host"].items())
+        print(f"  tasks per host: {tasks}")
+        print("  ten slowest no-op tasks (profile_tasks, last round):")
+        for name, seconds in figures["slowest_tasks"]:
+            print(f"    {seconds:6.2f} s  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, default=4, help="vLLM servers in the lab (4)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per figure; the median (3)")
     parser.add_argument("--keep", action="store_true", help="leave the lab running")
+    parser.add_argument(
+        "--mitogen", action="store_true", help="measure under Mitogen's strategy too"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args(argv)
-    report = measure(args.servers, args.rounds, args.keep)
+    report = measure(args.servers, args.rounds, args.keep, args.mitogen)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
