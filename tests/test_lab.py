@@ -76,6 +76,7 @@ def test_lab_up_converges_then_changes_nothing(lab_inventory: Path):
         assert {host: n["changed"] for host, n in second["hosts"].items()} == {
             "localhost": 0,
             "test-lab-01": 0,
+            "test-lab-lb": 0,
         }
     finally:
         rc, down = specfleet_json("lab", "down", "-i", str(lab_inventory))
