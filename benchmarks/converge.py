@@ -188,7 +188,9 @@ def measure(servers: int, rounds: int, keep: bool, mitogen: bool) -> dict[str, A
         if mitogen:
             report["mitogen"] = _figures(inventory, rounds, {"ANSIBLE_STRATEGY": "mitogen_linear"})
     finally:
-        if not keep:
+        if keep:
+            report["inventory"] = str(inventory)  # `specfleet lab down -i` it when done
+        else:
             _lab(inventory, "down")
             shutil.rmtree(folder, ignore_errors=True)
     return report
@@ -198,6 +200,8 @@ def _print(report: dict[str, Any]) -> None:
     servers = report["servers"]
     print(f"lab: {servers} servers + 1 balancer over SSH; medians of {report['rounds']} rounds")
     print(f"  first `specfleet lab up`                 {report['first_lab_up_s']:8.1f} s")
+    if "inventory" in report:
+        print(f"  kept: `specfleet lab down -i {report['inventory']}` removes it")
     for strategy in ("ssh", "mitogen"):
         figures = report.get(strategy)
         if not figures:
