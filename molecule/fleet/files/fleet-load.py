@@ -34,6 +34,8 @@ def one_run(base_url: str, model: str, tokenizer: str, index: int) -> dict:
             "--ignore-eos", "--num-prompts", str(RUN_PROMPTS), "--request-rate", str(RATE),
             "--max-concurrency", "4", "--seed", str(index), "--disable-tqdm",
             "--percentile-metrics", "e2el", "--metric-percentiles", "50,99",
+            # Keeps each request's error in the result (only the figures otherwise).
+            "--save-detailed",
         ]
     )  # fmt: skip
     return main(args)
