@@ -8,7 +8,6 @@ but a regular file in place of a drafter file is an error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 from specfleet.drafter_store import DRAFTER_FILES, digest_of_files
+from specfleet.hashing import sha256_file
 
 
 def drafter_digest(folder: str) -> str:
@@ -29,11 +29,7 @@ def drafter_digest(folder: str) -> str:
             raise AnsibleFilterError(f"drafter_digest: {path}: {error.strerror}") from error
         if not stat.S_ISREG(info.st_mode):
             raise AnsibleFilterError(f"drafter_digest: {path} is not a regular file")
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-        hashes[name] = digest.hexdigest()
+        hashes[name] = sha256_file(path)
     return digest_of_files(hashes)
 
 

@@ -120,7 +120,8 @@ def json_result(process: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The json callback's document from a playbook run's stdout."""
     start = process.stdout.find("{")
     assert start >= 0, process.stdout + process.stderr
-    result: dict[str, Any] = json.loads(process.stdout[start:])
+    # raw_decode: ansible.cfg's profile_tasks callback may print its recap after it.
+    result: dict[str, Any] = json.JSONDecoder().raw_decode(process.stdout[start:])[0]
     return result
 
 
@@ -136,3 +137,41 @@ def recap(process: subprocess.CompletedProcess[str], host: str = "localhost") ->
 @pytest.fixture
 def ansible(tmp_path: Path) -> Ansible:
     return Ansible(tmp_path)
+
+
+def systemd_verify(folder: Path, name: str, unit: str, needs: Sequence[str] = ()) -> float:
+    """Check a rendered unit with systemd itself; return its exposure score.
+
+    `systemd-analyze verify` must find nothing wrong but what this machine lacks (the
+    venv, the helpers); the units in `needs` (what it Requires=) are stood in for by empty
+    oneshot units. Returns `systemd-analyze security`'s overall exposure (0 best, 10 worst).
+    """
+    path = folder / name
+    path.write_text(unit)
+    for needed in needs:
+        (folder / needed).write_text("[Service]\nType=oneshot\nExecStart=/bin/true\n")
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{folder}:"},
+    )
+    problems = [
+        line
+        for line in (verify.stdout + verify.stderr).splitlines()
+        if line.strip()
+        and "is not executable" not in line
+        and "No such file or directory" not in line
+        and "Command " not in line
+    ]
+    assert not problems, problems
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
+    print(f"{name}: {overall.strip()}")
+    return float(overall.split("service:")[1].split()[0])

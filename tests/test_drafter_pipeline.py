@@ -160,3 +160,17 @@ def test_progress_estimates_time_left(tmp_path: Path) -> None:
     assert state["stage"] == "train" and state["step"] == 20 and state["total"] == 100
     assert state["eta_s"] is not None and state["eta_s"] >= 0
     assert Progress.attach(tmp_path / "progress.json").state["run_id"] == "run"
+
+
+def test_the_exported_drafter_asks_for_no_code(tmp_path: Path) -> None:
+    """speculators saves an auto_map with its checkpoints; publication refuses one."""
+    from specfleet.drafter.stages import data_only
+    from specfleet.drafter_store import config_problems
+
+    config = tmp_path / "config.json"
+    saved = {"speculators_model_type": "eagle3", "auto_map": {"": "config.Eagle3Config"}}
+    config.write_text(json.dumps(saved))
+    assert config_problems(json.loads(config.read_text()))
+    data_only(config)
+    assert json.loads(config.read_text()) == {"speculators_model_type": "eagle3"}
+    assert config_problems(json.loads(config.read_text())) == []

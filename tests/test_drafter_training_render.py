@@ -8,12 +8,11 @@ policy stop, a job that gives up hands the GPUs back to the server.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 
 import pytest
-from conftest import ROOT
+import yaml
+from conftest import ROOT, systemd_verify
 
 ROLE = ROOT / "roles" / "drafter_training"
 
@@ -59,6 +58,9 @@ def test_the_job_has_its_own_account_folders_and_bounded_restarts(ansible):
         "Conflicts=specfleet-vllm.service",
         "OnFailure=specfleet-vllm.service",
         "Requires=specfleet-nvidia-devices.service",
+        # As the server: after fabric manager (CUDA error 802 before it) and persistenced.
+        "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service"
+        " specfleet-nvidia-devices.service",
         "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "DevicePolicy=closed",
         "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters",
@@ -77,28 +79,55 @@ def test_policy_share_keeps_the_server(ansible):
 @pytest.mark.parametrize("accelerator", ["cpu", "cuda"])
 def test_systemd_accepts_the_unit_and_its_exposure(ansible, tmp_path, accelerator):
     unit = render(ansible, specfleet_accelerator=accelerator)
-    path = tmp_path / "specfleet-drafter-training.service"
-    path.write_text(unit)
-    for name in ("specfleet-nvidia-devices.service", "specfleet-vllm.service"):
-        (tmp_path / name).write_text("[Service]\nType=oneshot\nExecStart=/bin/true\n")
-    env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
-    verify = subprocess.run(
-        ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, env=env
+    needs = ["specfleet-nvidia-devices.service", "specfleet-vllm.service"]
+    assert systemd_verify(tmp_path, "specfleet-drafter-training.service", unit, needs) <= 2.0
+
+
+def _gpu_set_check() -> dict:
+    tasks = yaml.safe_load((ROLE / "tasks" / "check.yml").read_text())
+    (task,) = [
+        t for t in tasks if t["name"] == "Check that a job beside the server gets GPUs of its own"
+    ]
+    return task
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "job", "server", "refused"),
+    [
+        ("cuda", "4,5,6,7", "0,1,2,3", None),
+        ("cuda", "", "0,1,2,3", 'job "", server "0,1,2,3"'),
+        ("cuda", "4,5", "", 'job "4,5", server ""'),
+        ("cuda", "3, 4", "0,1,2,3", "both use 3"),
+        # CPU cores are the scheduler's to share: nothing to split.
+        ("cpu", "", "", None),
+    ],
+)
+def test_sharing_a_host_needs_gpu_sets_that_do_not_overlap(
+    ansible, accelerator: str, job: str, server: str, refused: str | None
+) -> None:
+    """check.yml's task as the role writes it, before anything changes (install.yml)."""
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": [
+            str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
+            str(ROLE / "defaults" / "main.yml"),
+            str(ROLE / "vars") + "/{{ specfleet_accelerator }}.yml",
+        ],
+        "tasks": [_gpu_set_check()],
+    }
+    run = ansible.playbook(
+        [play],
+        {
+            "specfleet_accelerator": accelerator,
+            "drafter_training_server_policy": "share",
+            "drafter_training_gpus": job,
+            "specfleet_server_gpus": server,
+        },
     )
-    problems = [
-        line
-        for line in (verify.stdout + verify.stderr).splitlines()
-        if line.strip() and "is not executable" not in line and "No such file" not in line
-        and "Command " not in line
-    ]  # fmt: skip
-    assert not problems, problems
-    security = subprocess.run(
-        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
-    score = float(overall.split("service:")[1].split()[0])
-    print(f"{accelerator}: {overall.strip()}")
-    assert score <= 2.0, security.stdout
+    output = run.stdout + run.stderr
+    if refused is None:
+        assert run.returncode == 0, output
+    else:
+        assert run.returncode == 2, output
+        assert "set drafter_training_gpus and specfleet_server_gpus" in output and refused in output

@@ -65,7 +65,7 @@ DeviceAllow=char-nvidia-caps r
 NoNewPrivileges=yes
 PrivateDevices=no
 """
-# vllm_server's default list today: major 195 only under its pre-550 name.
+# The list of drivers before 550: major 195 only under the name they gave it.
 ALLOW_FRONTEND_ONLY = """\
 [Service]
 DevicePolicy=closed
@@ -129,6 +129,18 @@ def test_proc_devices_fixture_parsed():
     assert gc.char_major(DEVICES_580, "nvidia-frontend") is None
     assert (8, "sd") in DEVICES_580["block"]
     assert gc.gpu_minors_of(PROC_580) == MINORS
+
+
+def test_the_rendered_units_allow_every_device_of_a_580_driver(ansible):
+    """The server's and the training job's units, as their roles render them for `cuda`."""
+    from test_drafter_training_render import render as render_job
+    from test_vllm_server_render import render as render_server
+
+    server, _ = render_server(ansible)
+    for unit in (server, render_job(ansible, specfleet_accelerator="cuda")):
+        ok, detail = coverage(unit)
+        assert ok, detail
+        assert "nvidia-uvm by char-nvidia-uvm rw" in detail
 
 
 def test_names_since_550_allow_every_device():

@@ -85,3 +85,13 @@ def test_host_modules_import_no_controller_package() -> None:
                     assert name in host_modules or name == "specfleet", (path.name, name)
                 else:
                     assert name.split(".")[0] in allowed, (path.name, name)
+
+
+def test_forks_building_it_at_once_all_get_it(cache: Path) -> None:
+    """Ansible's forks run the lookup at the same time, one per host."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda _: hostpackage.build_host_package(SRC), range(16)))
+    assert len(set(paths)) == 1 and paths[0].is_file()
+    assert not list(paths[0].parent.glob(".partial-*"))

@@ -27,11 +27,19 @@ def inventory(*args: str) -> dict:
 
 
 def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
-    hostvars = inventory("-i", "inventory/lab/hosts.yml")["_meta"]["hostvars"]
-    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02"]
+    data = inventory("-i", "inventory/lab/hosts.yml")
+    hostvars = data["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb"]
+    assert data["loadbalancers"]["hosts"] == ["gpu-lab-lb"]
+    assert data["lab_servers"]["hosts"] == ["gpu-lab-01", "gpu-lab-02"]
+    addresses = {name: host["ansible_host"] for name, host in hostvars.items()}
+    assert len(set(addresses.values())) == len(addresses), "one address per host"
     for host in hostvars.values():
         assert host["specfleet_accelerator"] == "cpu"
-        assert host["ansible_connection"] == "community.docker.docker"
+        # Reached as a fleet is: SSH as root with the lab's key, at the inventory address.
+        assert host["ansible_connection"] == "ssh" and host["ansible_user"] == "root"
+        assert host["ansible_ssh_private_key_file"] == "{{ lab_ssh_key }}"
+        assert host["ansible_host"].startswith(host["lab_subnet"].rsplit(".", 1)[0] + ".")
         assert host["specfleet_model"] == "/var/lib/specfleet/lab/target"
 
 

@@ -16,13 +16,20 @@ import pytest
 from specfleet.paths import repo_root
 
 
-def lab_inventory_with(tmp_path: Path, prefix: str) -> Path:
-    """The lab inventory with one host of the test's own, so a running lab is left alone."""
+def lab_inventory_with(tmp_path: Path, prefix: str, subnet: str) -> Path:
+    """The lab inventory with one server of the test's own, its own network (`subnet`, the
+    first three octets of a /24) and key, so a running lab is left alone."""
     lab = repo_root() / "inventory" / "lab"
     shutil.copytree(lab / "group_vars", tmp_path / "group_vars")
     hosts = (lab / "hosts.yml").read_text()
-    assert "        gpu-lab-02:\n" in hosts
-    hosts = hosts.replace("        gpu-lab-02:\n", "").replace("gpu-lab-", prefix)
+    second = "            gpu-lab-02:\n              ansible_host: 172.30.240.12\n"
+    assert second in hosts and "lab_network: specfleet-lab\n" in hosts
+    hosts = (
+        hosts.replace(second, "")
+        .replace("gpu-lab-", prefix)
+        .replace("lab_network: specfleet-lab\n", f"lab_network: {prefix}net\n")
+        .replace("172.30.240.", f"{subnet}.")
+    )
     (tmp_path / "hosts.yml").write_text(hosts)
     return tmp_path / "hosts.yml"
 
@@ -50,7 +57,7 @@ def containers(prefix: str) -> list[str]:
 
 @pytest.fixture
 def lab_inventory(tmp_path: Path) -> Path:
-    return lab_inventory_with(tmp_path, "test-lab-")
+    return lab_inventory_with(tmp_path, "test-lab-", "172.30.241")
 
 
 @pytest.mark.docker
@@ -69,6 +76,7 @@ def test_lab_up_converges_then_changes_nothing(lab_inventory: Path):
         assert {host: n["changed"] for host, n in second["hosts"].items()} == {
             "localhost": 0,
             "test-lab-01": 0,
+            "test-lab-lb": 0,
         }
     finally:
         rc, down = specfleet_json("lab", "down", "-i", str(lab_inventory))

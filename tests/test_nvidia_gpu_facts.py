@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_adhoc import run_adhoc
+from conftest import Ansible
 from fixtures.fake_nvidia_smi import install_fake_nvidia_smi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,15 +135,13 @@ def run_module_process(
 def run_module_ansible(args: dict[str, object], tmp_path: Path) -> tuple[int, dict]:
     """Run the module through `ansible localhost -m nvidia_gpu_facts` (AnsiballZ)."""
     tree = tmp_path / "tree"
-    proc = run_adhoc(
+    proc = Ansible(tmp_path).adhoc(
         "nvidia_gpu_facts",
         json.dumps(args),
         env={
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
             "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
             "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
-            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
-            "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
         },
     )
     result_file = tree / "localhost"

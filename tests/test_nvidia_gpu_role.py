@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_adhoc import run_adhoc
+from conftest import Ansible
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "nvidia_gpu"
@@ -1171,7 +1172,10 @@ def test_container_override_skips_with_message(tmp_path: Path):
 
 def host_is_container() -> bool:
     """What setup says about this machine (read-only)."""
-    proc = run_adhoc("ansible.builtin.setup", "gather_subset=!all,virtual", options=("-o",))
+    with tempfile.TemporaryDirectory() as folder:
+        proc = Ansible(Path(folder)).adhoc(
+            "ansible.builtin.setup", "gather_subset=!all,virtual", "-o"
+        )
     facts = json.loads(proc.stdout.split("=>", 1)[1])["ansible_facts"]
     return facts.get("ansible_virtualization_role") == "guest" and facts.get(
         "ansible_virtualization_type"

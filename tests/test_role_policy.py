@@ -31,7 +31,8 @@ TASK_KEYS = {
     "become", "become_user", "delegate_to", "run_once", "until", "retries", "delay",
     "async", "poll", "check_mode", "ignore_errors", "args",
 }  # fmt: skip
-MODULES_OF_OURS = {"vllm_eagle3_whitelist", "nvidia_gpu_facts"}
+# The project's own modules: library/*.py.
+MODULES_OF_OURS = {path.stem for path in (ROOT / "library").glob("*.py")}
 
 
 def load(path: Path) -> Any:
@@ -164,3 +165,21 @@ def test_no_role_reaches_into_the_project_tree() -> None:
     for path in (ROOT / "roles").rglob("*.yml"):
         text = path.read_text()
         assert "role_path ~ '/../" not in text and "role_path }}/../" not in text, path
+
+
+def test_regex_groups_are_read_with_regex_findall() -> None:
+    """A backreference argument to regex_search ('\\1') is read two ways by Ansible: a
+    bare expression (``that:``, ``when:``) unescapes it to the byte \\x01 ("Unknown
+    argument"), a ``{{ }}`` template keeps it, and '\\\\1' there fails with "'NoneType'
+    object has no attribute 'group'". regex_findall returns the groups with no argument
+    to escape. Only the branch that runs shows the error (flash-attn's toolkit check on
+    a GPU host, `specfleet status`), so it is checked here, everywhere."""
+    backreference = re.compile(r"""regex_search.*'\\+(?:[0-9]|g<)""")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("roles", "playbooks", "molecule")
+        for path in sorted((ROOT / folder).rglob("*.yml"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if backreference.search(line)
+    ]
+    assert not offenders, offenders

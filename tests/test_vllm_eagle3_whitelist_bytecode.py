@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_releases import FakeVllm
+from vllm_releases import SERVED, FakeVllm
 
 MODES = ("TIMESTAMP", "CHECKED_HASH", "UNCHECKED_HASH")
 
@@ -23,28 +23,6 @@ import json, py_compile, sys
 source, mode, optimize = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print(py_compile.compile(source, doraise=True, optimize=optimize,
                          invalidation_mode=py_compile.PycInvalidationMode[mode]))
-"""
-
-# What `import vllm.config.speculative` would execute: the parents are bare packages, the
-# module itself goes through the interpreter's own path finder and source loader.
-SERVED = r"""
-import importlib.util, json, sys, types
-site = sys.argv[1]
-for name, path in (("vllm", site + "/vllm"), ("vllm.config", site + "/vllm/config")):
-    package = types.ModuleType(name)
-    package.__path__ = [path]
-    sys.modules[name] = package
-spec = importlib.util.find_spec("vllm.config.speculative")
-code = spec.loader.get_code(spec.name)
-def strings(co):
-    for c in co.co_consts:
-        if isinstance(c, str):
-            yield c
-        elif isinstance(c, tuple):
-            yield from (x for x in c if isinstance(x, str))
-        elif isinstance(c, types.CodeType):
-            yield from strings(c)
-print(json.dumps(sorted(set(strings(code)))))
 """
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -77,17 +76,7 @@ def _files(vllm: FakeVllm, tag: str) -> list[str]:
 
 
 def _unchecked_cache(vllm: FakeVllm) -> None:
-    subprocess.run(
-        [
-            str(vllm.python),
-            "-c",
-            "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True, "
-            "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)",
-            str(vllm.source),
-        ],
-        check=True,
-        env={k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"},
-    )
+    vllm.write_unchecked_cache()
 
 
 def trace(root: Path, version: str) -> list[object]:

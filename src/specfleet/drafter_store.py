@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from specfleet.hashing import sha256_file
+
 #: The files of a deployable drafter (a checkpoint's optimizer state stays behind).
 DRAFTER_FILES = ("config.json", "model.safetensors")
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -167,7 +169,7 @@ def verify(folder: Path, digest: str) -> dict[str, Any]:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != 0:
             raise StoreError(f"{path} is not a regular root-owned file")
-        hashes[name] = _sha256(path)
+        hashes[name] = sha256_file(path)
     problems = config_problems(_read_json(folder / "config.json"))
     if problems:
         raise StoreError("; ".join(problems))
@@ -175,14 +177,6 @@ def verify(folder: Path, digest: str) -> dict[str, Any]:
     if actual != digest:
         raise StoreError(f"{folder} hashes to {actual}, not {digest}")
     return {"digest": digest, "dir": str(folder), "files": hashes}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_json(path: Path) -> Any:

@@ -44,10 +44,18 @@ def unit_state(unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
 
 
-def journal_tail(unit: str, lines: int = 50) -> list[str]:
-    argv = ["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "cat"]
+def journal_tail(unit: str, lines: int = 40, window: int = 1000) -> list[str]:
+    """The unit's last lines, preceded by its last Python traceback when that scrolled out:
+    a dying vLLM logs hundreds of lines after the error that killed it."""
+    argv = ["journalctl", "--unit", unit, "--lines", str(window), "--no-pager", "--output", "cat"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return result.stdout.splitlines()
+    journal = result.stdout.splitlines()
+    tail = journal[-lines:]
+    starts = [i for i, line in enumerate(journal) if "Traceback (most recent call last)" in line]
+    if not starts or starts[-1] >= len(journal) - lines:
+        return tail
+    first = starts[-1]
+    return [*journal[first : first + 40], "...", *tail]
 
 
 def answers_200(url: str) -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 from specfleet.paths import cache_dir
@@ -23,6 +25,7 @@ from specfleet.paths import cache_dir
 HOST_MODULES: tuple[str, ...] = (
     "specfleet/__init__.py",
     "specfleet/profiles.py",
+    "specfleet/hashing.py",
     "specfleet/speculative.py",
     "specfleet/metrics.py",
     "specfleet/gate.py",
@@ -86,7 +89,9 @@ def build_host_package(src: Path) -> Path:
         # Last member: tar extracts in order, so its presence means the rest is there.
         manifest = json.dumps({"hash": digest, "files": len(files)}).encode()
         tar.addfile(_member(MANIFEST, manifest), io.BytesIO(manifest))
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(buffer.getvalue())
-    partial.rename(target)
+    # Several forks of one run build it at once: each writes its own temporary file and
+    # replaces the target atomically (identical bytes, so the last one in wins nothing).
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".partial-", delete=False) as tmp:
+        tmp.write(buffer.getvalue())
+    os.replace(tmp.name, target)
     return target

@@ -27,10 +27,12 @@ class ImageRecipe:
     variant: str = "minbase"
     # Empty: debootstrap's own default mirror for the suite.
     mirror: str = ""
-    # What a bare cloud host has: systemd as PID 1, Python for Ansible, sudo.
-    # python3-venv and iproute2 are there on every real Debian server image.
+    # What a bare cloud host has: systemd as PID 1, sshd (the lab is reached
+    # over SSH, as a fleet is), Python for Ansible, sudo. python3-venv and
+    # iproute2 are there on every real Debian server image.
     include: tuple[str, ...] = (
         "systemd",
+        "openssh-server",
         "systemd-sysv",
         "dbus",
         "python3",

@@ -26,13 +26,12 @@ NEXT_COMMANDS = (
     "specfleet lab down               # remove the lab",
 )
 
-# Lab hosts are containers that Ansible reaches through the Docker engine (the
-# lab inventory's connection is community.docker.docker); their servers listen
-# on the container's loopback and the lab publishes no port. So the request
-# is sent from inside the container with `docker exec`, the same way Ansible
-# gets in: a fraction of a second, where an ad-hoc Ansible call costs seconds
-# of startup and would carry the API key in its module arguments (event data,
-# the log). The key goes over standard input, never on a command line.
+# Lab hosts are containers on this machine; their servers admit only their
+# balancer (IPAddressAllow=), and the balancer is the lab's door. So the
+# request is sent from inside a lab container with `docker exec`: a fraction
+# of a second, where an ad-hoc Ansible call costs seconds of startup and
+# would carry the API key in its module arguments (event data, the log). The
+# key goes over standard input, never on a command line.
 _COMPLETE = """\
 import json, ssl, sys, urllib.request
 url, model, prompt, max_tokens = sys.argv[1:5]
@@ -111,11 +110,6 @@ def _environ_path(path: str) -> Iterator[None]:
             os.environ["PATH"] = previous
 
 
-def _container(hostvars: Mapping[str, Any], host: str) -> str:
-    """playbooks/lab.yml names each container after its inventory host."""
-    return str((hostvars.get(host) or {}).get("ansible_host") or host)
-
-
 def _counters(exec_in: ExecIn, container: str, row: Mapping[str, Any]) -> dict[str, float]:
     stack = row["stack"]
     argv = [
@@ -176,6 +170,7 @@ def _complete(
     exec_in: ExecIn,
 ) -> dict[str, Any]:
     hostvars = _hostvars(options)
+    # playbooks/lab.yml names each container after its inventory host.
     first = next(iter(servers))
     if balancer and balancer.get("reachable"):
         via = str(balancer["host"])
@@ -183,12 +178,12 @@ def _complete(
         url = f"{scheme}://127.0.0.1:{balancer.get('port')}"
     else:
         via, url = first, str(servers[first]["endpoint"])
-    before = {h: _counters(exec_in, _container(hostvars, h), row) for h, row in servers.items()}
+    before = {h: _counters(exec_in, h, row) for h, row in servers.items()}
     model = str(servers[first]["model"])
     request = ["python3", "-c", _COMPLETE, url, model, PROMPT, str(MAX_TOKENS)]
     api_key = str((hostvars.get(first) or {}).get("vllm_server_api_key") or "")
-    answer = json.loads(exec_in(_container(hostvars, via), request, api_key, 330))
-    after = {h: _counters(exec_in, _container(hostvars, h), row) for h, row in servers.items()}
+    answer = json.loads(exec_in(via, request, api_key, 330))
+    after = {h: _counters(exec_in, h, row) for h, row in servers.items()}
     moved = {
         name: int(sum(after[host][name] - before[host][name] for host in servers))
         for name in _COUNTED

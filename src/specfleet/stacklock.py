@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from specfleet.hashing import sha256_file
 from specfleet.paths import repo_root
 
 # The header line that records a lock's target (python, glibc, arch, profile).
@@ -274,14 +275,6 @@ def _last_major_minor(text: str) -> tuple[int, int] | None:
 # --- resolution --------------------------------------------------------------------------
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def artifact_sha256(download_info: Mapping[str, object]) -> str:
     """The sha256 of what pip's report says it would install.
 
@@ -299,7 +292,7 @@ def artifact_sha256(download_info: Mapping[str, object]) -> str:
     url = str(download_info.get("url", ""))
     parts = urlsplit(url)
     if parts.scheme == "file" and archive is not None:
-        return _sha256_file(Path(unquote(parts.path)))
+        return sha256_file(Path(unquote(parts.path)))
     raise ValueError(f"no sha256 for {url or download_info!r} (not an archive from an index)")
 
 

@@ -11,7 +11,6 @@ complete and verified. Its requirements.txt is the lock's pins with hashes.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specfleet.hashing import sha256_file
 from specfleet.paths import cache_dir
 from specfleet.stacklock import StackLock, StackSpec
 
@@ -67,14 +67,6 @@ def _artifact_pin(filename: str) -> tuple[str, str] | None:
     return _normalise(name), version
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
-
-
 def verify_against_lock(folder: Path, lock: StackLock) -> None:
     """Every pin has exactly one file in folder, whose sha256 is one the lock records."""
     files: dict[tuple[str, str], list[Path]] = {}
@@ -89,7 +81,7 @@ def verify_against_lock(folder: Path, lock: StackLock) -> None:
         if len(found) != 1:
             problems.append(f"{pin}: expected one file, found {[p.name for p in found]}")
             continue
-        actual = _sha256(found[0])
+        actual = sha256_prefixed(found[0])
         expected = lock.hashes.get(pin, ())
         if actual not in expected:
             problems.append(
@@ -130,3 +122,8 @@ def ensure_wheelhouse(spec: StackSpec, lock: StackLock) -> Wheelhouse:
         (staging / "requirements.txt").write_text("\n".join(lock.requirement_lines()) + "\n")
         staging.rename(target)
     return _measure(target, time.monotonic() - started, reused=False)
+
+
+def sha256_prefixed(path: Path) -> str:
+    """A wheel's hash as locks write it ("sha256:<hex>")."""
+    return f"sha256:{sha256_file(path)}"

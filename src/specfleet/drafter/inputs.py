@@ -16,6 +16,7 @@ from typing import Any
 
 from specfleet.drafter.config import RunConfig
 from specfleet.drafter_store import digest_of_files
+from specfleet.hashing import sha256_file
 
 #: Hidden states are stored in bfloat16.
 HIDDEN_STATE_BYTES = 2
@@ -28,14 +29,6 @@ _MODEL_DEFINITION_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def digest_of(value: Any) -> str:

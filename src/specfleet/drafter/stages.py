@@ -33,10 +33,10 @@ from specfleet.drafter.inputs import (
     layer_ids,
     model_fingerprint,
     read_rows,
-    sha256_file,
 )
 from specfleet.drafter.progress import Progress, write_json
 from specfleet.drafter_store import DRAFTER_FILES
+from specfleet.hashing import sha256_file
 
 MANIFEST = "manifest.json"
 
@@ -391,7 +391,23 @@ def _evaluate_settings(ctx: Context) -> dict[str, Any]:
         "num_speculative_tokens": ctx.config.num_speculative_tokens,
         "max_tokens": ctx.config.eval_max_tokens,
         "baseline": directory_digest(Path(baseline)) if baseline else None,
+        # The candidate's config without remote-code hints (data_only): a run evaluated
+        # before that is evaluated and exported again, its training kept.
+        "export": "data-only",
     }
+
+
+def data_only(config_file: Path) -> None:
+    """Drop the remote-code hint from a checkpoint's config.json: the drafter is data.
+
+    speculators saves its config class the transformers way, with an `auto_map` naming a
+    Python file it copies beside the weights. vLLM reads a speculators checkpoint by its
+    `speculators_model_type` and needs neither; publication refuses any drafter whose
+    config asks for code (specfleet.drafter_store), so the exported one carries none.
+    """
+    config = json.loads(config_file.read_text())
+    if config.pop("auto_map", None) is not None:
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _evaluate_run(ctx: Context, out: Path) -> dict[str, Any]:
@@ -406,6 +422,7 @@ def _evaluate_run(ctx: Context, out: Path) -> dict[str, Any]:
     for name in DRAFTER_FILES:
         shutil.copyfile(checkpoint / name, candidate / name)
         (candidate / name).chmod(0o644)
+    data_only(candidate / "config.json")
     prompts = [row["messages"] for row in read_rows(ctx.dirs["prompts"] / "heldout.jsonl")]
     drafters = {"candidate": candidate}
     if ctx.config.baseline_drafter:

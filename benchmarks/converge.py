@@ -1,0 +1,253 @@
+"""Re-provisioning speed: a no-op `site.yml` next to a facts-only play, on a lab of its own.
+
+Run it on a controller (after `bin/bootstrap`, with Docker; nothing else running)::
+
+    .venv/bin/python benchmarks/converge.py [--servers 4] [--rounds 3] [--mitogen] [--keep] [--json]
+
+It brings up a lab of ``--servers`` vLLM servers behind a balancer (its own names,
+``bench-lab-*``, network and key, so a running lab is left alone) with `specfleet lab up`,
+timing that first converge; then, in one run, over the same SSH connections, it measures
+(each figure the median of ``--rounds``):
+
+* facts only: ``ansible HOSTS -m setup`` (what the issue's 1.52 s was);
+* a no-op ``ansible-playbook playbooks/site.yml`` on every lab host (it must report
+  changed=0), and its ratio to facts only;
+* the same no-op converge limited to one server and to all servers (fork scaling);
+* the tasks each host ran and the ten slowest tasks of the no-op converge
+  (ansible.posix.profile_tasks);
+* with ``--mitogen``, the facts-only and the no-op figures again under Mitogen's strategy
+  (``ANSIBLE_STRATEGY=mitogen_linear``, strategy_plugins/), side by side.
+
+The lab is removed at the end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".venv" / "bin"
+PREFIX = "bench-lab-"
+SUBNET = "172.30.243"
+
+
+def _inventory(folder: Path, servers: int) -> Path:
+    """The lab inventory with ``servers`` servers of the benchmark's own."""
+    shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", folder / "group_vars")
+    hosts = {
+        f"{PREFIX}{index:02d}": {"ansible_host": f"{SUBNET}.{10 + index}"}
+        for index in range(1, servers + 1)
+    }
+    inventory = {
+        "all": {
+            "children": {
+                "lab": {
+                    "vars": {"lab_network": f"{PREFIX}net", "lab_subnet": f"{SUBNET}.0/24"},
+                    "children": {
+                        "lab_servers": {"hosts": hosts},
+                        "loadbalancers": {
+                            "hosts": {f"{PREFIX}lb": {"ansible_host": f"{SUBNET}.10"}}
+                        },
+                    },
+                },
+                "gpu_hosts": {"children": {"lab_servers": {}}},
+                "drafter_trainers": {"hosts": {f"{PREFIX}01": {}}},
+            }
+        }
+    }
+    path = folder / "hosts.yml"
+    path.write_text(json.dumps(inventory, indent=1))  # JSON is YAML
+    return path
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        # Enough for the ten slowest tasks in profile_tasks' recap.
+        "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "10",
+        **extra,
+    }
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    run = subprocess.run(
+        argv, cwd=ROOT, env=_env(**env), capture_output=True, text=True, check=False
+    )
+    elapsed = time.perf_counter() - start
+    if run.returncode != 0:
+        sys.exit(
+            f"{' '.join(argv)} failed (rc {run.returncode}):\n{run.stdout[-4000:]}{run.stderr}"
+        )
+    return elapsed, run.stdout
+
+
+_RECAP = re.compile(
+    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
+)
+_PROFILE = re.compile(r"^(.+?) -{2,} (\d+\.\d+)s$")
+
+
+def _recap(output: str) -> dict[str, dict[str, int]]:
+    hosts = {}
+    for line in output.splitlines():
+        match = _RECAP.match(line)
+        if match:
+            ok, changed, unreachable, failed, skipped = map(int, match.groups()[1:])
+            hosts[match[1]] = {
+                "tasks": ok + failed + skipped,
+                "changed": changed,
+                "failed": failed + unreachable,
+            }
+    return hosts
+
+
+def _slowest(output: str) -> list[tuple[str, float]]:
+    tail = output.split("TASKS RECAP", 1)[-1]
+    return [(m[1].strip(), float(m[2])) for m in map(_PROFILE.match, tail.splitlines()) if m]
+
+
+def _median(argv: list[str], rounds: int, env: dict[str, str]) -> tuple[float, str]:
+    runs = [_timed(argv, env) for _ in range(rounds)]
+    seconds = statistics.median(elapsed for elapsed, _ in runs)
+    return seconds, runs[-1][1]
+
+
+def _no_op(inventory: Path, limit: str, rounds: int) -> dict[str, Any]:
+    argv = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        "playbooks/site.yml",
+        "--limit",
+        limit,
+    ]
+    seconds, output = _median(argv, rounds)
+    hosts = _recap(output)
+    changed = {host: tally["changed"] for host, tally in hosts.items() if tally["changed"]}
+    if changed or any(tally["failed"] for tally in hosts.values()):
+        sys.exit(f"the converge on {limit} was not a no-op: {hosts}\n{output[-4000:]}")
+    return {"seconds": round(seconds, 2), "hosts": hosts, "slowest": _slowest(output)}
+
+
+def _facts(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> float:
+    argv = [str(BIN / "ansible"), limit, "-i", str(inventory), "-m", "ansible.builtin.setup"]
+    return round(_median(argv, rounds, env)[0], 2)
+
+
+def _lab(inventory: Path, action: str) -> float:
+    start = time.perf_counter()
+    argv = [str(BIN / "specfleet"), "lab", action, "-i", str(inventory), "--json"]
+    run = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        sys.exit(f"specfleet lab {action} failed (rc {run.returncode}): {run.stdout[-3000:]}")
+    return round(time.perf_counter() - start, 1)
+
+
+def _figures(inventory: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
+    """Facts only and no-op converges over one connection setting, in one go."""
+    one = f"{PREFIX}01"
+    figures: dict[str, Any] = {
+        "facts_all_s": _facts(inventory, "lab", rounds, env),
+        "facts_one_s": _facts(inventory, one, rounds, env),
+    }
+    everything = _no_op(inventory, "lab", rounds, env)
+    figures["no_op_all_s"] = everything["seconds"]
+    figures["no_op_one_server_s"] = _no_op(inventory, one, rounds, env)["seconds"]
+    figures["no_op_all_servers_s"] = _no_op(inventory, "lab_servers", rounds, env)["seconds"]
+    figures["ratio_to_facts"] = round(figures["no_op_all_s"] / figures["facts_all_s"], 1)
+    figures["fork_scaling"] = round(
+        figures["no_op_all_servers_s"] / figures["no_op_one_server_s"], 2
+    )
+    figures["tasks_per_host"] = {h: t["tasks"] for h, t in everything["hosts"].items()}
+    figures["slowest_tasks"] = everything["slowest"]
+    return figures
+
+
+def measure(servers: int, rounds: int, keep: bool, mitogen: bool) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="specfleet-converge-"))
+    inventory = _inventory(folder, servers)
+    report: dict[str, Any] = {"servers": servers, "rounds": rounds}
+    try:
+        report["first_lab_up_s"] = _lab(inventory, "up")
+        report["ssh"] = _figures(inventory, rounds, {})
+        if mitogen:
+            # Mitogen checks host keys itself and ignores the lab inventory's ssh options
+            # that turn the check off; the lab's containers have no known host keys.
+            mitogen_env = {
+                "ANSIBLE_STRATEGY": "mitogen_linear",
+                "ANSIBLE_HOST_KEY_CHECKING": "False",
+            }
+            report["mitogen"] = _figures(inventory, rounds, mitogen_env)
+    finally:
+        if keep:
+            report["inventory"] = str(inventory)  # `specfleet lab down -i` it when done
+        else:
+            _lab(inventory, "down")
+            shutil.rmtree(folder, ignore_errors=True)
+    return report
+
+
+def _print(report: dict[str, Any]) -> None:
+    servers = report["servers"]
+    print(f"lab: {servers} servers + 1 balancer over SSH; medians of {report['rounds']} rounds")
+    print(f"  first `specfleet lab up`                 {report['first_lab_up_s']:8.1f} s")
+    if "inventory" in report:
+        print(f"  kept: `specfleet lab down -i {report['inventory']}` removes it")
+    for strategy in ("ssh", "mitogen"):
+        figures = report.get(strategy)
+        if not figures:
+            continue
+        print(f"{strategy}:")
+        print(f"  facts only (setup), every host           {figures['facts_all_s']:8.2f} s")
+        print(
+            f"  no-op site.yml, every host               {figures['no_op_all_s']:8.2f} s"
+            f"   {figures['ratio_to_facts']}x facts only"
+        )
+        print(f"  facts only, one server                   {figures['facts_one_s']:8.2f} s")
+        print(f"  no-op site.yml, one server               {figures['no_op_one_server_s']:8.2f} s")
+        print(
+            f"  no-op site.yml, {servers} servers               "
+            f"{figures['no_op_all_servers_s']:8.2f} s   {figures['fork_scaling']}x one server"
+        )
+        tasks = ", ".join(f"{h} {n}" for h, n in figures["tasks_per_host"].items())
+        print(f"  tasks per host: {tasks}")
+        print("  ten slowest no-op tasks (profile_tasks, last round):")
+        for name, seconds in figures["slowest_tasks"]:
+            print(f"    {seconds:6.2f} s  {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", type=int, default=4, help="vLLM servers in the lab (4)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per figure; the median (3)")
+    parser.add_argument("--keep", action="store_true", help="leave the lab running")
+    parser.add_argument(
+        "--mitogen", action="store_true", help="measure under Mitogen's strategy too"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args(argv)
+    report = measure(args.servers, args.rounds, args.keep, args.mitogen)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

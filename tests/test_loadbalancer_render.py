@@ -1,0 +1,71 @@
+"""Role loadbalancer: HAProxy's configuration rendered by Ansible for a fleet of three.
+
+HAProxy itself checks it in the fleet scenario (the template's `haproxy -c` validation) and
+serves through it under load; here the settings a rolling restart relies on are read off
+the rendered file: health checks, retries on another server, slowstart, the root-only admin
+socket, TLS when a certificate is named, one server line per host at its own address.
+"""
+
+from __future__ import annotations
+
+from conftest import ROOT
+
+ROLE = ROOT / "roles" / "loadbalancer"
+
+
+def render(ansible, **extra) -> list[str]:
+    out = ansible.tmp_path / "haproxy.cfg"
+    inventory = ansible.tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    gpu_hosts:\n      hosts:\n"
+        "        gpu-1: {specfleet_server_address: 10.0.0.1}\n"
+        "        gpu-2: {specfleet_server_address: 10.0.0.2, specfleet_server_port: 8001}\n"
+        "        gpu-3: {specfleet_server_address: 10.0.0.3}\n"
+        "    loadbalancers:\n      hosts:\n        localhost: {ansible_connection: local}\n"
+    )
+    play = {
+        "name": "Render the balancer's configuration",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": [
+            str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
+            str(ROLE / "defaults" / "main.yml"),
+            str(ROLE / "vars" / "main.yml"),
+        ],
+        "tasks": [
+            {
+                "name": "Render it",
+                "ansible.builtin.template": {
+                    "src": str(ROLE / "templates" / "haproxy.cfg.j2"),
+                    "dest": str(out),
+                    "mode": "0600",
+                },
+            }
+        ],
+    }
+    result = ansible.playbook([play], extra, inventory=str(inventory))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line.strip() for line in out.read_text().splitlines()]
+
+
+def test_what_a_rolling_restart_relies_on(ansible):
+    lines = render(ansible)
+    for line in (
+        "option httpchk GET /health",
+        "http-check expect status 200",
+        "option redispatch 1",
+        "retries 3",
+        "retry-on conn-failure empty-response response-timeout 503",
+        "default-server inter 2000ms fall 2 rise 2 slowstart 30s",
+        "stats socket /run/haproxy/admin.sock mode 600 level admin expose-fd listeners",
+        "bind 0.0.0.0:8080",
+        "server gpu-1 10.0.0.1:8000 check",
+        "server gpu-2 10.0.0.2:8001 check",
+        "server gpu-3 10.0.0.3:8000 check",
+    ):
+        assert line in lines, line
+
+
+def test_tls_on_the_front_door_when_a_certificate_is_named(ansible):
+    lines = render(ansible, loadbalancer_tls_certificate="/etc/haproxy/vllm.pem")
+    assert "bind 0.0.0.0:8080 ssl crt /etc/haproxy/vllm.pem" in lines
