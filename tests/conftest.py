@@ -134,6 +134,19 @@ def recap(process: subprocess.CompletedProcess[str], host: str = "localhost") ->
     }
 
 
+def role_vars_files(role: str, *, profile: bool = True) -> list[str]:
+    """What a role's tasks and templates see, for a test play that uses them outside the
+    role: the project's defaults, the role's defaults and vars, and (with ``profile``) its
+    profile's vars, chosen by specfleet_accelerator as the role chooses them."""
+    base = ROOT / "roles" / role
+    files = [
+        str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
+        str(base / "defaults" / "main.yml"),
+        str(base / "vars" / "main.yml"),
+    ]
+    return files + ([str(base / "vars") + "/{{ specfleet_accelerator }}.yml"] if profile else [])
+
+
 @pytest.fixture
 def ansible(tmp_path: Path) -> Ansible:
     return Ansible(tmp_path)

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import ROOT, systemd_verify
+from conftest import ROOT, role_vars_files, systemd_verify
 
 ROLE = ROOT / "roles" / "drafter_training"
 
@@ -23,12 +23,7 @@ def render(ansible, **extra) -> str:
         "name": "Render the drafter_training unit",
         "hosts": "localhost",
         "gather_facts": False,
-        "vars_files": [
-            str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
-            str(ROLE / "defaults" / "main.yml"),
-            str(ROLE / "vars" / "main.yml"),
-            str(ROLE / "vars") + "/{{ specfleet_accelerator }}.yml",
-        ],
+        "vars_files": role_vars_files("drafter_training"),
         "tasks": [
             {
                 "name": "Render the unit",
@@ -109,11 +104,7 @@ def test_sharing_a_host_needs_gpu_sets_that_do_not_overlap(
     play = {
         "hosts": "localhost",
         "gather_facts": False,
-        "vars_files": [
-            str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
-            str(ROLE / "defaults" / "main.yml"),
-            str(ROLE / "vars") + "/{{ specfleet_accelerator }}.yml",
-        ],
+        "vars_files": role_vars_files("drafter_training"),
         "tasks": [_gpu_set_check()],
     }
     run = ansible.playbook(

@@ -8,7 +8,7 @@ socket, TLS when a certificate is named, one server line per host at its own add
 
 from __future__ import annotations
 
-from conftest import ROOT
+from conftest import ROOT, role_vars_files
 
 ROLE = ROOT / "roles" / "loadbalancer"
 
@@ -27,11 +27,7 @@ def render(ansible, **extra) -> list[str]:
         "name": "Render the balancer's configuration",
         "hosts": "localhost",
         "gather_facts": False,
-        "vars_files": [
-            str(ROOT / "roles" / "specfleet" / "defaults" / "main.yml"),
-            str(ROLE / "defaults" / "main.yml"),
-            str(ROLE / "vars" / "main.yml"),
-        ],
+        "vars_files": role_vars_files("loadbalancer", profile=False),
         "tasks": [
             {
                 "name": "Render it",

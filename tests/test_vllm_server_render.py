@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, systemd_verify
+from conftest import ROOT, role_vars_files, systemd_verify
 
 ROLE = ROOT / "roles" / "vllm_server"
-PROJECT_DEFAULTS = ROOT / "roles" / "specfleet" / "defaults" / "main.yml"
 
 
 def render(ansible, **extra) -> tuple[str, str]:
@@ -27,12 +26,7 @@ def render(ansible, **extra) -> tuple[str, str]:
         "name": "Render vllm_server templates",
         "hosts": "localhost",
         "gather_facts": False,
-        "vars_files": [
-            str(PROJECT_DEFAULTS),
-            str(ROLE / "defaults" / "main.yml"),
-            str(ROLE / "vars" / "main.yml"),
-            str(ROLE / "vars") + "/{{ specfleet_accelerator }}.yml",
-        ],
+        "vars_files": role_vars_files("vllm_server"),
         "tasks": [
             {
                 "name": f"Render {name}",
