@@ -127,7 +127,7 @@ def _median(argv: list[str], rounds: int, env: dict[str, str]) -> tuple[float, s
     return seconds, runs[-1][1]
 
 
-def _no_op(inventory: Path, limit: str, rounds: int) -> dict[str, Any]:
+def _no_op(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> dict[str, Any]:
     argv = [
         str(BIN / "ansible-playbook"),
         "-i",
@@ -136,7 +136,7 @@ def _no_op(inventory: Path, limit: str, rounds: int) -> dict[str, Any]:
         "--limit",
         limit,
     ]
-    seconds, output = _median(argv, rounds)
+    seconds, output = _median(argv, rounds, env)
     hosts = _recap(output)
     changed = {host: tally["changed"] for host, tally in hosts.items() if tally["changed"]}
     if changed or any(tally["failed"] for tally in hosts.values()):

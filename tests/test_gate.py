@@ -31,6 +31,8 @@ class StubVllm:
         self.speculating = True
         self.accept_per_draft = 1
         self.health = 200
+        # vLLM 0.31's CPU build without a C++ compiler: a sampled request kills the engine.
+        self.sampling_kills_the_engine = False
 
     def metrics(self) -> str:
         return (
@@ -80,6 +82,9 @@ def stub() -> Iterator[tuple[StubVllm, str]]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.headers.get("Authorization") != f"Bearer {KEY}":
                 self.reply(401, '{"error": "Unauthorized"}')
+            elif body.get("temperature", 1.0) > 0 and vllm.sampling_kills_the_engine:
+                vllm.health = 503
+                self.reply(500, '{"error": "EngineCore encountered an issue"}')
             else:
                 self.reply(200, json.dumps(vllm.complete(body)))
 
@@ -125,6 +130,7 @@ def test_a_speculating_server_passes_with_its_figures(stub, capsys) -> None:
     assert report["completion_tokens"] == 16
     assert report["draft_tokens"] == 24 and report["accepted_tokens"] == 8
     assert report["mean_acceptance_length"] == 2.0
+    assert report["sampled_completion_tokens"] == 16
 
 
 def test_a_server_that_does_not_speculate_fails(stub, capsys) -> None:
@@ -165,3 +171,11 @@ def test_no_health_within_the_timeout_fails(stub, capsys) -> None:
     code, report = run(url, KEY, "--health-timeout", "1", capsys=capsys)
     assert code == 1
     assert report["step"] == "health" and "no 200" in report["reason"]
+
+
+def test_a_server_whose_sampling_kills_the_engine_fails(stub, capsys) -> None:
+    vllm, url = stub
+    vllm.sampling_kills_the_engine = True
+    code, report = run(url, KEY, capsys=capsys)
+    assert code == 1
+    assert report["step"] == "sampling" and "HTTP 500" in report["reason"]

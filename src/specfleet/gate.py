@@ -8,7 +8,12 @@
 2. read the speculative counters, run a real greedy completion, read them again;
 3. with ``--speculative``: the drafter must have drafted (the draft-token counter grew),
    and with ``--min-mean-acceptance-length`` its acceptance over the gate's request must
-   reach that value (a 200 OK does not prove that speculation works).
+   reach that value (a 200 OK does not prove that speculation works);
+4. run a sampled completion (temperature 1, no seed: what clients send by default), and
+   ``/health`` must still answer 200 after it. Sampling takes other code than greedy
+   decoding: on the CPU build, vLLM 0.31 compiles its sampler with torch's inductor on the
+   first sampled request, and without a C++ compiler that killed the engine while every
+   greedy request still passed.
 
 The API key, if any, is read from standard input (never from the command line). Prints one
 JSON object; exit 0 when the gate passed, 1 when it failed (with the step, the reason and
@@ -84,12 +89,19 @@ def wait_healthy(unit: str, base_url: str, timeout: float) -> float | None:
         time.sleep(2)
 
 
-def complete(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
+GREEDY = {"temperature": 0}
+# No seed: a seeded request takes vLLM's per-request generator path, not the batch's one.
+SAMPLED = {"temperature": 1.0, "top_p": 0.95}
+
+
+def complete(
+    args: argparse.Namespace, api_key: str, sampling: dict[str, float], step: str
+) -> dict[str, Any]:
     body = {
         "model": args.model,
         "prompt": args.prompt,
         "max_tokens": args.max_tokens,
-        "temperature": 0,
+        **sampling,
         # A random or young model may end at once; the gate wants tokens.
         "ignore_eos": True,
     }
@@ -103,14 +115,22 @@ def complete(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
         with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
             answer: dict[str, Any] = json.loads(response.read())
     except urllib.error.HTTPError as error:
-        raise GateFailed("completion", f"HTTP {error.code}: {error.read()[:300]!r}") from error
+        raise GateFailed(step, f"HTTP {error.code}: {error.read()[:300]!r}") from error
     except (urllib.error.URLError, OSError) as error:
-        raise GateFailed("completion", str(error)) from error
+        raise GateFailed(step, str(error)) from error
     tokens = int(answer.get("usage", {}).get("completion_tokens", 0))
     choices = answer.get("choices") or [{}]
     if tokens <= 0 or not isinstance(choices[0].get("text"), str):
-        raise GateFailed("completion", "the test completion returned no tokens")
+        raise GateFailed(step, f"the {step} returned no tokens")
     return {"completion": choices[0]["text"], "completion_tokens": tokens}
+
+
+def sample(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
+    """A sampled completion, then /health: the engine must have survived it."""
+    tokens = complete(args, api_key, SAMPLED, "sampling")["completion_tokens"]
+    if not answers_200(f"{args.base_url}/health"):
+        raise GateFailed("sampling", "/health stopped answering 200 after a sampled completion")
+    return {"sampled_completion_tokens": tokens}
 
 
 def run_gate(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
@@ -118,8 +138,9 @@ def run_gate(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
         "seconds_from_start": wait_healthy(args.unit, args.base_url, args.health_timeout)
     }
     before = metrics.spec_decode_counters(metrics.fetch(f"{args.base_url}/metrics"))
-    report |= complete(args, api_key)
+    report |= complete(args, api_key, GREEDY, "completion")
     after = metrics.spec_decode_counters(metrics.fetch(f"{args.base_url}/metrics"))
+    report |= sample(args, api_key)
     if not args.speculative:
         return report
     drafted = metrics.delta(before, after, metrics.DRAFT_TOKENS)
