@@ -65,3 +65,41 @@ def test_what_a_rolling_restart_relies_on(ansible):
 def test_tls_on_the_front_door_when_a_certificate_is_named(ansible):
     lines = render(ansible, loadbalancer_tls_certificate="/etc/haproxy/vllm.pem")
     assert "bind 0.0.0.0:8080 ssl crt /etc/haproxy/vllm.pem" in lines
+
+
+def check(ansible, servers: str) -> tuple[int, str]:
+    """Run the role's checks (tasks/check.yml) on localhost as the balancer of ``servers``."""
+    inventory = ansible.tmp_path / "hosts.yml"
+    inventory.write_text(
+        f"all:\n  children:\n    gpu_hosts:\n      hosts:\n{servers}"
+        "    loadbalancers:\n      hosts:\n        localhost: {ansible_connection: local}\n"
+    )
+    play = {
+        "name": "Check the balancer's settings",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": role_vars_files("loadbalancer", profile=False),
+        "tasks": [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}],
+    }
+    result = ansible.playbook([play], inventory=str(inventory))
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_a_server_address_made_from_facts_not_gathered_is_refused(ansible):
+    # upgrade.yml once rendered every server at 127.0.0.1 this way: all DOWN, all 503.
+    code, output = check(
+        ansible,
+        "        gpu-1: {specfleet_server_address: 10.0.0.1}\n"
+        "        gpu-2: {specfleet_server_address: '{{ ansible_facts.default_ipv4.address }}'}\n"
+        "        gpu-3: {}\n",
+    )
+    assert code != 0, output
+    assert "gpu-2, gpu-3 would be reached at a loopback address" in output
+    assert "gpu-1" not in output.split("would be reached")[0].split("loadbalancer:")[-1]
+
+
+def test_a_balancer_in_front_of_its_own_host_may_dial_loopback(ansible):
+    code, output = check(
+        ansible, "        localhost: {}\n        gpu-1: {specfleet_server_address: 10.0.0.1}\n"
+    )
+    assert code == 0, output
