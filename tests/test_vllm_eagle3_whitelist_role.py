@@ -44,7 +44,7 @@ def test_role_patches_records_and_is_idempotent(ansible, setup) -> None:
     assert recap(first)["changed"] == 2  # the edit and its record
     edit = json.loads(record.read_text())
     assert edit["vllm_version"] == "0.21.0"
-    assert edit["edited_at"]
+    assert edit["path"] == str(vllm.source)
     assert "mistral" in json.dumps(edit["entries"])
 
     second = ansible.playbook(PLAYBOOK, extra)
@@ -55,7 +55,21 @@ def test_role_patches_records_and_is_idempotent(ansible, setup) -> None:
     third = ansible.playbook(PLAYBOOK, {**extra, "vllm_eagle3_patch_state": "absent"})
     assert third.returncode == 0, third.stdout + third.stderr
     assert vllm.source.read_bytes() == original
-    assert json.loads(record.read_text())["edited_at"] != edit["edited_at"]
+    assert recap(third)["changed"] == 2
+    assert json.loads(record.read_text()) != edit  # the removal reaches the server too
+
+
+def test_another_vllm_rewrites_the_record_without_an_edit(ansible, setup, tmp_path) -> None:
+    """A stack switch: the record follows the vLLM the host serves, even when nothing is
+    edited (a vLLM without the check), so it never names the vLLM of a venv left behind."""
+    _, extra = setup
+    assert ansible.playbook(PLAYBOOK, extra).returncode == 0
+    newer = FakeVllm(tmp_path / "vllm-newer", "0.32.0")
+    switched = ansible.playbook(PLAYBOOK, {**extra, "vllm_eagle3_patch_python": str(newer.python)})
+    assert switched.returncode == 0, switched.stdout + switched.stderr
+    assert recap(switched)["changed"] == 1  # the record only
+    record = json.loads(Path(str(extra["specfleet_whitelist_record"])).read_text())
+    assert record["vllm_version"] == "0.32.0" and record["whitelist"] == "absent"
 
 
 def test_role_rejects_bad_variables(ansible, setup) -> None:
