@@ -13,33 +13,35 @@ from conftest import ROOT, role_vars_files
 ROLE = ROOT / "roles" / "loadbalancer"
 
 
-def render(ansible, **extra) -> list[str]:
-    out = ansible.tmp_path / "haproxy.cfg"
+THREE_SERVERS = (
+    "        gpu-1: {specfleet_server_address: 10.0.0.1}\n"
+    "        gpu-2: {specfleet_server_address: 10.0.0.2, specfleet_server_port: 8001}\n"
+    "        gpu-3: {specfleet_server_address: 10.0.0.3}\n"
+)
+
+
+def as_balancer(ansible, servers: str, tasks: list, **extra):
+    """Run ``tasks`` with the role's variables on localhost, the balancer of ``servers``
+    (inventory lines of the gpu_hosts group)."""
     inventory = ansible.tmp_path / "hosts.yml"
     inventory.write_text(
-        "all:\n  children:\n    gpu_hosts:\n      hosts:\n"
-        "        gpu-1: {specfleet_server_address: 10.0.0.1}\n"
-        "        gpu-2: {specfleet_server_address: 10.0.0.2, specfleet_server_port: 8001}\n"
-        "        gpu-3: {specfleet_server_address: 10.0.0.3}\n"
+        f"all:\n  children:\n    gpu_hosts:\n      hosts:\n{servers}"
         "    loadbalancers:\n      hosts:\n        localhost: {ansible_connection: local}\n"
     )
     play = {
-        "name": "Render the balancer's configuration",
+        "name": "The balancer's role, on localhost",
         "hosts": "localhost",
         "gather_facts": False,
         "vars_files": role_vars_files("loadbalancer", profile=False),
-        "tasks": [
-            {
-                "name": "Render it",
-                "ansible.builtin.template": {
-                    "src": str(ROLE / "templates" / "haproxy.cfg.j2"),
-                    "dest": str(out),
-                    "mode": "0600",
-                },
-            }
-        ],
+        "tasks": tasks,
     }
-    result = ansible.playbook([play], extra, inventory=str(inventory))
+    return ansible.playbook([play], extra, inventory=str(inventory))
+
+
+def render(ansible, **extra) -> list[str]:
+    out = ansible.tmp_path / "haproxy.cfg"
+    template = {"src": str(ROLE / "templates" / "haproxy.cfg.j2"), "dest": str(out), "mode": "0600"}
+    result = as_balancer(ansible, THREE_SERVERS, [{"ansible.builtin.template": template}], **extra)
     assert result.returncode == 0, result.stdout + result.stderr
     return [line.strip() for line in out.read_text().splitlines()]
 
@@ -68,20 +70,9 @@ def test_tls_on_the_front_door_when_a_certificate_is_named(ansible):
 
 
 def check(ansible, servers: str) -> tuple[int, str]:
-    """Run the role's checks (tasks/check.yml) on localhost as the balancer of ``servers``."""
-    inventory = ansible.tmp_path / "hosts.yml"
-    inventory.write_text(
-        f"all:\n  children:\n    gpu_hosts:\n      hosts:\n{servers}"
-        "    loadbalancers:\n      hosts:\n        localhost: {ansible_connection: local}\n"
-    )
-    play = {
-        "name": "Check the balancer's settings",
-        "hosts": "localhost",
-        "gather_facts": False,
-        "vars_files": role_vars_files("loadbalancer", profile=False),
-        "tasks": [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}],
-    }
-    result = ansible.playbook([play], inventory=str(inventory))
+    """Run the role's checks (tasks/check.yml) as the balancer of ``servers``."""
+    tasks = [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}]
+    result = as_balancer(ansible, servers, tasks)
     return result.returncode, result.stdout + result.stderr
 
 
