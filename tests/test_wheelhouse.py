@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from specfleet.stacklock import StackLock, StackSpec
-from specfleet.wheelhouse import WheelhouseError, ensure_wheelhouse, wheelhouse_path
+from specfleet.wheelhouse import (
+    WheelhouseError,
+    ensure_wheelhouse,
+    sha256_prefixed,
+    wheelhouse_path,
+)
 
 SIX = "six==1.16.0"
 SIX_SHA256 = "sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"
@@ -76,3 +82,48 @@ def test_a_failed_download_leaves_no_wheelhouse(cache: Path):
         ensure_wheelhouse(spec, lock)
     assert not wheelhouse_path(lock).exists()
     assert list((cache / "wheelhouse").iterdir()) == []
+
+
+def _published_wheelhouse(cache: Path, name: str, wheel: str, content: bytes) -> Path:
+    """A wheelhouse as ensure_wheelhouse publishes it, holding one file."""
+    house = cache / "wheelhouse" / name
+    house.mkdir(parents=True)
+    (house / wheel).write_bytes(content)
+    return house / wheel
+
+
+@pytest.fixture
+def no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any download fails at once: pip is pointed at a closed port on loopback."""
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+
+
+def test_a_wheel_another_wheelhouse_holds_is_linked_not_downloaded(cache: Path, no_index: None):
+    wheel = "six-1.16.0-py2.py3-none-any.whl"
+    held = _published_wheelhouse(cache, "older-0123456789abcdef", wheel, b"the wheel's bytes")
+    lock = StackLock(name="newer", pins=(SIX,), hashes={SIX: (sha256_prefixed(held),)})
+
+    house = ensure_wheelhouse(SPEC, lock)  # with no index reachable: nothing was downloaded
+
+    assert not house.reused
+    assert house.linked == 1
+    assert (house.path / wheel).stat().st_ino == held.stat().st_ino
+    assert (
+        house.path / "requirements.txt"
+    ).read_text() == f"{SIX} --hash={sha256_prefixed(held)}\n"
+
+
+def test_a_wheel_changed_in_another_wheelhouse_is_downloaded_not_trusted(
+    cache: Path, no_index: None
+):
+    wheel = "six-1.16.0-py2.py3-none-any.whl"
+    _published_wheelhouse(cache, "older-0123456789abcdef", wheel, b"changed since it was published")
+    lock = StackLock(name="newer", pins=(SIX,), hashes={SIX: (SIX_SHA256,)})
+
+    with pytest.raises(subprocess.CalledProcessError):  # it went to the (closed) index
+        ensure_wheelhouse(SPEC, lock)
+
+    assert not wheelhouse_path(lock).exists()
+    assert sorted(p.name for p in (cache / "wheelhouse").iterdir()) == ["older-0123456789abcdef"]

@@ -235,7 +235,11 @@ def _cmd_lock(args: argparse.Namespace) -> int:
 
 def _cmd_wheelhouse(args: argparse.Namespace) -> int:
     house = ensure_wheelhouse(StackSpec.load(args.stack), StackLock.read(args.stack))
-    how = "reused" if house.reused else f"built in {house.seconds:.0f} s"
+    how = (
+        "reused"
+        if house.reused
+        else f"built in {house.seconds:.0f} s ({house.linked} wheels linked from other wheelhouses)"
+    )
     print(f"{house.path}: {house.wheels} wheels, {house.size_bytes / 2**20:.0f} MiB, {how}")
     return 0
 

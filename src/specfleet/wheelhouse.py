@@ -7,11 +7,17 @@ published: a mismatch (a re-uploaded file, a tampered mirror or cache) fails
 with the file, its hash and the lock's. The wheelhouse lives in the cache under
 the lock's digest and is published atomically: a folder that exists is
 complete and verified. Its requirements.txt is the lock's pins with hashes.
+
+Locks share most of their wheels (two vLLM releases share torch, triton and
+a hundred more): a wheel another published wheelhouse already holds, with a
+hash this lock accepts, is hard-linked instead of downloaded again.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,13 +41,15 @@ class Wheelhouse:
     size_bytes: int
     seconds: float
     reused: bool
+    # Wheels taken by content from other wheelhouses instead of downloaded.
+    linked: int = 0
 
 
 def wheelhouse_path(lock: StackLock) -> Path:
     return cache_dir("wheelhouse") / f"{lock.name}-{lock.digest}"
 
 
-def _measure(path: Path, seconds: float, reused: bool) -> Wheelhouse:
+def _measure(path: Path, seconds: float, reused: bool, linked: int = 0) -> Wheelhouse:
     wheels = list(path.glob("*.whl"))
     return Wheelhouse(
         path=path,
@@ -49,6 +57,7 @@ def _measure(path: Path, seconds: float, reused: bool) -> Wheelhouse:
         size_bytes=sum(w.stat().st_size for w in wheels),
         seconds=seconds,
         reused=reused,
+        linked=linked,
     )
 
 
@@ -65,6 +74,35 @@ def _artifact_pin(filename: str) -> tuple[str, str] | None:
     else:
         return None
     return _normalise(name), version
+
+
+def _link_from_other_wheelhouses(staging: Path, lock: StackLock, own: Path) -> set[str]:
+    """Hard-link into staging every pin's file that a published wheelhouse other
+    than `own` holds with a hash the lock accepts; return the pins so found.
+
+    Published wheelhouses (no leading dot) were verified when published; each
+    file is hashed again here all the same, so a file changed in the cache since
+    is downloaded afresh instead of trusted."""
+    wanted = {}
+    for pin in lock.pins:
+        name, _, version = pin.partition("==")
+        wanted[(_normalise(name), version)] = pin
+    found: set[str] = set()
+    for house in sorted(own.parent.iterdir()):
+        if house == own or house.name.startswith(".") or not house.is_dir():
+            continue
+        for path in sorted(house.iterdir()):
+            pin = wanted.get(_artifact_pin(path.name) or ("", ""))
+            if pin is None or pin in found:
+                continue
+            if sha256_prefixed(path) not in lock.hashes.get(pin, ()):
+                continue
+            try:
+                os.link(path, staging / path.name)
+            except OSError:  # another file system: copy instead
+                shutil.copy2(path, staging / path.name)
+            found.add(pin)
+    return found
 
 
 def verify_against_lock(folder: Path, lock: StackLock) -> None:
@@ -108,20 +146,24 @@ def ensure_wheelhouse(spec: StackSpec, lock: StackLock) -> Wheelhouse:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
         staging = Path(tmp) / "wheels"
-        pins = Path(tmp) / "pins.txt"
-        pins.write_text("\n".join(lock.pins) + "\n")
-        # pip checks nothing here; verify_against_lock does, and says what differs.
-        subprocess.run(
-            [
-                sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                *spec.pip_target_args(), "--dest", str(staging), "--requirement", str(pins),
-            ],
-            check=True,
-        )  # fmt: skip
+        staging.mkdir()
+        linked = _link_from_other_wheelhouses(staging, lock, target)
+        to_download = [pin for pin in lock.pins if pin not in linked]
+        if to_download:
+            pins = Path(tmp) / "pins.txt"
+            pins.write_text("\n".join(to_download) + "\n")
+            # pip checks nothing here; verify_against_lock does, and says what differs.
+            subprocess.run(
+                [
+                    sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    *spec.pip_target_args(), "--dest", str(staging), "--requirement", str(pins),
+                ],
+                check=True,
+            )  # fmt: skip
         verify_against_lock(staging, lock)
         (staging / "requirements.txt").write_text("\n".join(lock.requirement_lines()) + "\n")
         staging.rename(target)
-    return _measure(target, time.monotonic() - started, reused=False)
+    return _measure(target, time.monotonic() - started, reused=False, linked=len(linked))
 
 
 def sha256_prefixed(path: Path) -> str:
