@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +29,8 @@ class ImageRecipe:
     # Empty: debootstrap's own default mirror for the suite.
     mirror: str = ""
     # What a bare cloud host has: systemd as PID 1, sshd (the lab is reached
-    # over SSH, as a fleet is), Python for Ansible, sudo. python3-venv and
+    # over SSH, as a fleet is), Python for Ansible, sudo. python3-venv,
+    # python3-apt (Ansible's apt module; Debian's cloud images ship it) and
     # iproute2 are there on every real Debian server image.
     include: tuple[str, ...] = (
         "systemd",
@@ -37,6 +39,7 @@ class ImageRecipe:
         "dbus",
         "python3",
         "python3-venv",
+        "python3-apt",
         "sudo",
         "iproute2",
         "procps",
@@ -84,6 +87,9 @@ def _debootstrap_tarball(recipe: ImageRecipe, tarball: Path) -> None:
         (rootfs / "etc/hostname").write_text("localhost\n")
         shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
         (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+        # Never updated: Ansible's apt module judges the lists' age by this
+        # folder's time, and would otherwise trust the empty lists for a day.
+        os.utime(rootfs / "var/lib/apt/lists", (0, 0))
         partial = tarball.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
         partial.rename(tarball)
