@@ -1,7 +1,8 @@
-"""The CLI end to end against lab containers (Docker): one lab of the module's own (one server,
-cli-lab-01, behind its balancer, cli-lab-lb, both reached over SSH on a network of their own),
-brought up once with `specfleet lab up --json`, then read, probed with an unreachable host
-and a bad inventory, and removed.
+"""The README's first command and the CLI end to end against lab containers (Docker): one
+lab of the module's own (one server, cli-lab-01, behind its balancer, cli-lab-lb, both reached
+over SSH on a network of their own), brought up once with `specfleet lab up --json` as
+`bin/lab` runs it, brought up again (nothing changes), read, probed with an unreachable host
+and a bad inventory, and removed (`lab down` leaves no container).
 
 Run: `.venv/bin/pytest tests/test_cli_lab.py` (about 4 min on 2 cores with the image and the
 wheelhouse cached; `bin/lab up` builds them).
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_lab import containers, lab_inventory_with, specfleet_json
+from labs import containers, lab_inventory_with, specfleet_json
 
 from specfleet.paths import repo_root
 
@@ -45,6 +46,7 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     _, up = lab
     assert up["rc"] == 0 and up["result"] == "ok"
     assert up["playbooks"] == ["lab.yml", "site.yml", "status.yml"]
+    assert up["hosts"][HOST]["changed"], "the first converge must change bare hosts"
     assert Path(up["log"]).is_file()
     row = up["status"]["servers"][HOST]
     assert row["health"] == "ok"
@@ -67,6 +69,18 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     assert completion["drafts"] > 0 and completion["draft_tokens"] > 0
     assert completion["accepted_tokens"] >= 0
     assert up["lab"]["next"][:2] == ["specfleet status", "specfleet train"]
+
+
+def test_lab_up_again_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:
+    inventory, _ = lab
+    rc, again = specfleet_json("lab", "up", "-i", str(inventory))
+    assert rc == 0, again
+    assert {host: n["changed"] for host, n in again["hosts"].items()} == {
+        "localhost": 0,
+        HOST: 0,
+        "cli-lab-lb": 0,
+    }
+    assert again["status"]["servers"][HOST]["health"] == "ok"
 
 
 def test_status_reads_the_lab_and_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:

@@ -1,5 +1,4 @@
-"""The README's first command, on a lab of its own: up, up again (no change), down, through
-the `specfleet` command line as `bin/lab` runs it."""
+"""Helpers for the tests that bring up a lab of their own (tests/test_cli_lab.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from specfleet.paths import repo_root
 
@@ -53,32 +50,3 @@ def containers(prefix: str) -> list[str]:
         ["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True
     ).stdout.split()
     return [name for name in names if name.startswith(prefix)]
-
-
-@pytest.fixture
-def lab_inventory(tmp_path: Path) -> Path:
-    return lab_inventory_with(tmp_path, "test-lab-", "172.30.241")
-
-
-@pytest.mark.docker
-def test_lab_up_converges_then_changes_nothing(lab_inventory: Path):
-    try:
-        rc, first = specfleet_json("lab", "up", "-i", str(lab_inventory))
-        assert rc == 0, first
-        assert first["playbooks"] == ["lab.yml", "site.yml", "status.yml"]
-        assert first["hosts"]["test-lab-01"]["changed"], "the first converge must change bare hosts"
-        completion = first["lab"]["completion"]
-        assert "error" not in completion, completion
-        assert completion["draft_tokens"] > 0, "the lab's completion must be speculative"
-
-        rc, second = specfleet_json("lab", "up", "-i", str(lab_inventory))
-        assert rc == 0, second
-        assert {host: n["changed"] for host, n in second["hosts"].items()} == {
-            "localhost": 0,
-            "test-lab-01": 0,
-            "test-lab-lb": 0,
-        }
-    finally:
-        rc, down = specfleet_json("lab", "down", "-i", str(lab_inventory))
-    assert rc == 0, down
-    assert not containers("test-lab-")
