@@ -76,6 +76,12 @@ def _artifact_pin(filename: str) -> tuple[str, str] | None:
     return _normalise(name), version
 
 
+def _pin_key(pin: str) -> tuple[str, str]:
+    """(normalised name, version) of a "name==version" pin, as _artifact_pin gives a file's."""
+    name, _, version = pin.partition("==")
+    return _normalise(name), version
+
+
 def _link_from_other_wheelhouses(staging: Path, lock: StackLock, own: Path) -> set[str]:
     """Hard-link into staging every pin's file that a published wheelhouse other
     than `own` holds with a hash the lock accepts; return the pins so found.
@@ -83,10 +89,7 @@ def _link_from_other_wheelhouses(staging: Path, lock: StackLock, own: Path) -> s
     Published wheelhouses (no leading dot) were verified when published; each
     file is hashed again here all the same, so a file changed in the cache since
     is downloaded afresh instead of trusted."""
-    wanted = {}
-    for pin in lock.pins:
-        name, _, version = pin.partition("==")
-        wanted[(_normalise(name), version)] = pin
+    wanted = {_pin_key(pin): pin for pin in lock.pins}
     found: set[str] = set()
     for house in sorted(own.parent.iterdir()):
         if house == own or house.name.startswith(".") or not house.is_dir():
@@ -114,8 +117,7 @@ def verify_against_lock(folder: Path, lock: StackLock) -> None:
             files.setdefault(key, []).append(path)
     problems = []
     for pin in lock.pins:
-        name, _, version = pin.partition("==")
-        found = files.get((_normalise(name), version), [])
+        found = files.get(_pin_key(pin), [])
         if len(found) != 1:
             problems.append(f"{pin}: expected one file, found {[p.name for p in found]}")
             continue
