@@ -1,0 +1,238 @@
+#!/usr/bin/python
+"""Ansible module specfleet_files: a role's small files (content rendered on the controller),
+written in one call, each atomically, only where they differ.
+
+Why a module: a role that installs a unit, its environment file, a helper and a
+configuration did it with a ``template`` or ``copy`` task each, and on a re-run each task
+is a round trip to learn that nothing differs. Here the controller renders the content
+(``lookup('template')``, ``lookup('file')``) and one call compares and writes them all.
+
+Every file is written to a temporary file beside it and validated before any file is
+renamed into place: a bad file (its ``validate`` command fails, an owner does not exist)
+fails the task with nothing changed. A link at a destination is replaced, never followed.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: specfleet_files
+short_description: Write several small files in one call, atomically, where they differ
+options:
+  files:
+    description: The files.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute destination; its folder must exist.
+        type: path
+        required: true
+      content:
+        description: The whole content (UTF-8 text).
+        type: str
+        required: true
+      owner:
+        type: str
+        default: root
+      group:
+        type: str
+        default: root
+      mode:
+        description: Octal mode as a string (C("0644")).
+        type: str
+        required: true
+      validate:
+        description: A command run on the new content before it is put in place; C(%s) is its path.
+        type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Install the unit and its environment
+  specfleet_files:
+    files:
+      - path: /etc/systemd/system/specfleet-vllm.service
+        content: "{{ lookup('ansible.builtin.template', 'vllm-server.service.j2') }}"
+        mode: "0644"
+      - path: /etc/specfleet/specfleet-vllm.env
+        content: "{{ lookup('ansible.builtin.template', 'vllm-server.env.j2') }}"
+        mode: "0600"
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The files whose content, owner, group or mode was (or in check mode would be) set.
+  type: list
+  elements: str
+  returned: always
+"""
+
+import grp  # noqa: E402
+import os  # noqa: E402
+import pwd  # noqa: E402
+import shlex  # noqa: E402
+import stat  # noqa: E402
+import tempfile  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+
+def _ids(module: AnsibleModule, wanted: dict) -> tuple[int, int]:
+    try:
+        uid = pwd.getpwnam(wanted["owner"]).pw_uid
+    except KeyError:
+        module.fail_json(msg=f"{wanted['path']}: no user {wanted['owner']}; nothing was changed")
+    try:
+        gid = grp.getgrnam(wanted["group"]).gr_gid
+    except KeyError:
+        module.fail_json(msg=f"{wanted['path']}: no group {wanted['group']}; nothing was changed")
+    return uid, gid
+
+
+def _mode(module: AnsibleModule, wanted: dict) -> int:
+    try:
+        mode = int(wanted["mode"], 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        module.fail_json(msg=f"{wanted['path']}: mode {wanted['mode']!r} is not octal")
+    return mode
+
+
+def _current(path: str) -> tuple[os.stat_result | None, bytes | None]:
+    """The file's lstat and content; a link or a non-file reads as absent (it is replaced)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    if not stat.S_ISREG(info.st_mode):
+        return info, None
+    with open(path, "rb") as handle:
+        return info, handle.read()
+
+
+def _plan(module: AnsibleModule, wanted: dict) -> dict:
+    path = wanted["path"]
+    if not os.path.isabs(path):
+        module.fail_json(msg=f"{path}: the path must be absolute; nothing was changed")
+    if not os.path.isdir(os.path.dirname(path)):
+        module.fail_json(msg=f"{path}: its folder does not exist; nothing was changed")
+    uid, gid = _ids(module, wanted)
+    mode = _mode(module, wanted)
+    content = wanted["content"].encode("utf-8")
+    info, before = _current(path)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        module.fail_json(msg=f"{path} is a folder; nothing was changed")
+    same_content = before == content
+    same_attributes = (
+        info is not None
+        and stat.S_ISREG(info.st_mode)
+        and (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, gid, mode)
+    )
+    return {
+        "path": path,
+        "content": content,
+        "before": before,
+        "uid": uid,
+        "gid": gid,
+        "mode": mode,
+        "write": not same_content,
+        "chmod": same_content and not same_attributes,
+        "validate": wanted.get("validate"),
+    }
+
+
+def _stage(module: AnsibleModule, plan: dict) -> str:
+    """The new content in a temporary file beside its destination, owned and moded."""
+    folder, name = os.path.split(plan["path"])
+    handle, staged = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    try:
+        os.fchmod(handle, plan["mode"])
+        os.fchown(handle, plan["uid"], plan["gid"])
+        os.write(handle, plan["content"])
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+    if plan["validate"]:
+        if "%s" not in plan["validate"]:
+            os.unlink(staged)
+            module.fail_json(msg=f"{plan['path']}: validate must contain %s")
+        command = [part.replace("%s", staged) for part in shlex.split(plan["validate"])]
+        rc, out, err = module.run_command(command)
+        if rc != 0:
+            os.unlink(staged)
+            raise ValueError(
+                f"{plan['path']}: the new content failed `{plan['validate']}`: "
+                f"{(err or out).strip()}; nothing was changed"
+            )
+    return staged
+
+
+def _diff(plan: dict) -> dict:
+    return {
+        "before_header": plan["path"],
+        "after_header": plan["path"],
+        "before": (plan["before"] or b"").decode("utf-8", "replace"),
+        "after": plan["content"].decode("utf-8"),
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "files": {
+                "type": "list",
+                "elements": "dict",
+                "required": True,
+                "options": {
+                    "path": {"type": "path", "required": True},
+                    "content": {"type": "str", "required": True},
+                    "owner": {"type": "str", "default": "root"},
+                    "group": {"type": "str", "default": "root"},
+                    "mode": {"type": "str", "required": True},
+                    "validate": {"type": "str"},
+                },
+            }
+        },
+        supports_check_mode=True,
+    )
+    plans = [_plan(module, wanted) for wanted in module.params["files"]]
+    paths = [plan["path"] for plan in plans]
+    if len(set(paths)) != len(paths):
+        module.fail_json(msg="a path is listed twice; nothing was changed")
+    changed = [plan for plan in plans if plan["write"] or plan["chmod"]]
+    result = {
+        "changed": bool(changed),
+        "changed_paths": [plan["path"] for plan in changed],
+        "diff": [_diff(plan) for plan in changed if plan["write"]],
+    }
+    if module.check_mode or not changed:
+        module.exit_json(**result)
+
+    # Every new file staged and validated first; only then is anything renamed.
+    staged: dict[str, str] = {}
+    try:
+        for plan in changed:
+            if plan["write"]:
+                staged[plan["path"]] = _stage(module, plan)
+    except (OSError, ValueError) as error:
+        for path in staged.values():
+            os.unlink(path)
+        module.fail_json(msg=str(error))
+    for plan in changed:
+        if plan["write"]:
+            os.replace(staged[plan["path"]], plan["path"])
+        else:
+            os.chown(plan["path"], plan["uid"], plan["gid"], follow_symlinks=False)
+            os.chmod(plan["path"], plan["mode"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+#!/usr/bin/python
+"""Ansible module specfleet_inspect: read what a role needs to decide, in one call.
+
+Why a module: a role's re-run that changes nothing was a round trip per question (a ``stat``
+per path, a ``slurp`` per file, a ``getent`` per account, an ``apt`` run to learn that the
+packages are there, a ``systemctl show`` per unit). Over SSH each round trip is a Python
+start on the host; a no-op ``site.yml`` spent most of its time there. This module answers
+all of one role's questions at once, and the role then acts only where the answer says
+something differs, with the same builtin modules as before.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: specfleet_inspect
+short_description: Paths, small files, accounts, packages and units, read in one call
+description:
+  - Reads only; changes nothing.
+options:
+  paths:
+    description:
+      - Paths to look at. Links are not followed for C(islink)/C(target), and are followed
+        for C(exists), C(isfile) and C(isdir) (as C(ansible.builtin.stat) with C(follow)).
+    type: list
+    elements: path
+    default: []
+  read:
+    description:
+      - Small text files to read (at most 1 MiB each, UTF-8); a missing one reads as null.
+    type: list
+    elements: path
+    default: []
+  users:
+    description: Accounts to look up in the password database.
+    type: list
+    elements: str
+    default: []
+  groups:
+    description: Groups to look up in the group database.
+    type: list
+    elements: str
+    default: []
+  packages:
+    description: Debian packages whose installed state is wanted (dpkg's database).
+    type: list
+    elements: str
+    default: []
+  units:
+    description: systemd units whose ActiveState, UnitFileState and NeedDaemonReload are wanted.
+    type: list
+    elements: str
+    default: []
+  globs:
+    description: Shell patterns whose matches are wanted (sorted, newest first).
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Read what the server role needs to decide
+  specfleet_inspect:
+    paths: [/srv/models/target/config.json, /opt/specfleet/stack/current/bin/python]
+    read: [/srv/models/drafter/config.json]
+    users: [specfleet]
+    units: [specfleet-vllm.service]
+  register: __inspected
+"""
+
+RETURN = r"""
+paths:
+  description: >-
+    For each of I(paths): exists, isfile, isdir (links followed), islink and target (the
+    link's text, null when not a link), and the path's own mode (octal text), uid and gid
+    (null when it does not exist).
+  type: dict
+  returned: always
+read:
+  description: For each of I(read), its text, or null when it is missing.
+  type: dict
+  returned: always
+users:
+  description: >-
+    For each of I(users), null when absent, else uid, gid, group (the primary group's name,
+    or null), home, shell and comment.
+  type: dict
+  returned: always
+groups:
+  description: For each of I(groups), null when absent, else gid.
+  type: dict
+  returned: always
+packages:
+  description: For each of I(packages), true when dpkg has it installed.
+  type: dict
+  returned: always
+units:
+  description: >-
+    For each of I(units), ActiveState, UnitFileState and NeedDaemonReload as
+    C(systemctl show) reports them (empty strings when systemd does not answer).
+  type: dict
+  returned: always
+globs:
+  description: For each of I(globs), its matches with their mtime, newest first.
+  type: dict
+  returned: always
+"""
+
+import glob  # noqa: E402
+import grp  # noqa: E402
+import os  # noqa: E402
+import pwd  # noqa: E402
+import stat  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+READ_LIMIT = 1 << 20
+UNIT_PROPERTIES = ("ActiveState", "UnitFileState", "NeedDaemonReload")
+
+
+def _path(path: str) -> dict:
+    try:
+        own = os.lstat(path)
+    except OSError:
+        own = None
+    islink = own is not None and stat.S_ISLNK(own.st_mode)
+    return {
+        "exists": os.path.exists(path),
+        "isfile": os.path.isfile(path),
+        "isdir": os.path.isdir(path),
+        "islink": islink,
+        "target": os.readlink(path) if islink else None,
+        # The path's own (a link's, not its target's), as the modules that set them see it.
+        "mode": f"{stat.S_IMODE(own.st_mode):04o}" if own else None,
+        "uid": own.st_uid if own else None,
+        "gid": own.st_gid if own else None,
+    }
+
+
+def _read(module: AnsibleModule, path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            content = handle.read(READ_LIMIT + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        module.fail_json(msg=f"cannot read {path}: {error}")
+    if len(content) > READ_LIMIT:
+        module.fail_json(msg=f"{path} is larger than {READ_LIMIT} bytes: not a small text file")
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError:
+        module.fail_json(msg=f"{path} is not UTF-8 text")
+
+
+def _user(name: str) -> dict | None:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    try:
+        group = grp.getgrgid(entry.pw_gid).gr_name
+    except KeyError:
+        group = None
+    return {
+        "uid": entry.pw_uid,
+        "gid": entry.pw_gid,
+        "group": group,
+        "home": entry.pw_dir,
+        "shell": entry.pw_shell,
+        "comment": entry.pw_gecos,
+    }
+
+
+def _group(name: str) -> dict | None:
+    try:
+        return {"gid": grp.getgrnam(name).gr_gid}
+    except KeyError:
+        return None
+
+
+def _packages(module: AnsibleModule, names: list[str]) -> dict[str, bool]:
+    if not names:
+        return {}
+    dpkg_query = module.get_bin_path("dpkg-query", required=True)
+    # Unknown names make dpkg-query exit 1 and say so on stderr; the known ones are listed.
+    _, out, _ = module.run_command(
+        [dpkg_query, "--show", "--showformat=${Package}\t${db:Status-Abbrev}\n", *names]
+    )
+    installed = set()
+    for line in out.splitlines():
+        name, _, status = line.partition("\t")
+        if status.startswith("ii"):
+            installed.add(name.split(":")[0])
+    return {name: name in installed for name in names}
+
+
+def _units(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, str]]:
+    if not names:
+        return {}
+    empty = dict.fromkeys(UNIT_PROPERTIES, "")
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl is None:
+        return {name: dict(empty) for name in names}
+    rc, out, _ = module.run_command(
+        [systemctl, "show", "--property=" + ",".join(UNIT_PROPERTIES), *names]
+    )
+    if rc != 0:
+        # No systemd to ask (a host being built, a container without it): unknown, and the
+        # task that acts on the unit then says what systemd says.
+        return {name: dict(empty) for name in names}
+    # One block per unit, in order, separated by a blank line.
+    blocks = out.strip("\n").split("\n\n") if out.strip() else []
+    found = {}
+    for name, block in zip(names, blocks, strict=False):
+        values = dict(empty)
+        for line in block.splitlines():
+            key, _, value = line.partition("=")
+            if key in values:
+                values[key] = value
+        found[name] = values
+    return {name: found.get(name, dict(empty)) for name in names}
+
+
+def _glob(pattern: str) -> list[dict]:
+    matches = []
+    for path in glob.glob(pattern):
+        try:
+            matches.append({"path": path, "mtime": os.stat(path).st_mtime})
+        except OSError:
+            continue
+    return sorted(matches, key=lambda match: match["mtime"], reverse=True)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "read": {"type": "list", "elements": "path", "default": []},
+            "users": {"type": "list", "elements": "str", "default": []},
+            "groups": {"type": "list", "elements": "str", "default": []},
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "globs": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    relative = [p for p in params["paths"] + params["read"] if not os.path.isabs(p)]
+    if relative:
+        module.fail_json(msg=f"paths must be absolute: {', '.join(relative)}")
+    module.exit_json(
+        changed=False,
+        paths={path: _path(path) for path in params["paths"]},
+        read={path: _read(module, path) for path in params["read"]},
+        users={name: _user(name) for name in params["users"]},
+        groups={name: _group(name) for name in params["groups"]},
+        packages=_packages(module, params["packages"]),
+        units=_units(module, params["units"]),
+        globs={pattern: _glob(pattern) for pattern in params["globs"]},
+    )
+
+
+if __name__ == "__main__":
+    main()

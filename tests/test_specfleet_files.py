@@ -1,0 +1,139 @@
+"""library/specfleet_files.py, run by Ansible on this machine: a role's files in one call.
+
+What it replaces must not be seen to change: content rendered with lookup('template') and
+lookup('file', rstrip=false) is byte for byte what the template and copy modules wrote, so a
+host converged before it changes nothing (else every server would restart once after an
+upgrade of specfleet). And a bad file leaves every file as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Ansible, json_result, role_vars_files
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sets root ownership")
+
+SERVER = ROOT / "roles" / "vllm_server"
+
+
+def run(ansible: Ansible, files: list[dict], *args: str, vars_files=(), extra=None) -> dict:
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": list(vars_files),
+        "tasks": [{"name": "files", "specfleet_files": {"files": files}}],
+    }
+    document = json_result(ansible.playbook([play], extra, *args, json_output=True))
+    return document["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_the_same_bytes_as_the_template_and_copy_modules(ansible: Ansible, tmp_path: Path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    extra = {"specfleet_accelerator": "cpu"}
+    sources = {
+        "unit": ("template", SERVER / "templates" / "vllm-server.service.j2"),
+        "env": ("template", SERVER / "templates" / "vllm-server.env.j2"),
+        "shm-clean": ("copy", SERVER / "files" / "vllm-server-shm-clean"),
+    }
+    modules = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": role_vars_files("vllm_server"),
+        "tasks": [
+            {
+                "name": f"the {module} module",
+                f"ansible.builtin.{module}": {
+                    "src": str(src),
+                    "dest": str(old / name),
+                    "mode": "0644",
+                },
+            }
+            for name, (module, src) in sources.items()
+        ],
+    }
+    process = ansible.playbook([modules], extra)
+    assert process.returncode == 0, process.stdout + process.stderr
+    lookups = {"template": "ansible.builtin.template", "copy": "ansible.builtin.file"}
+    files = [
+        {
+            "path": str(new / name),
+            "content": f"{{{{ lookup('{lookups[module]}', '{src}'"
+            + (", rstrip=false" if module == "copy" else "")
+            + ") }}",
+            "mode": "0644",
+        }
+        for name, (module, src) in sources.items()
+    ]
+    first = run(ansible, files, vars_files=role_vars_files("vllm_server"), extra=extra)
+    assert first["changed"] and not first.get("failed"), first
+    for name in sources:
+        assert (new / name).read_bytes() == (old / name).read_bytes(), name
+    again = run(ansible, files, vars_files=role_vars_files("vllm_server"), extra=extra)
+    assert again["changed"] is False and again["changed_paths"] == []
+
+
+def test_writes_owner_and_mode_then_fixes_only_the_mode(ansible: Ansible, tmp_path: Path):
+    target = tmp_path / "app.env"
+    first = run(ansible, [{"path": str(target), "content": "A=1\n", "mode": "0600"}])
+    assert first["changed_paths"] == [str(target)]
+    assert target.read_text() == "A=1\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    target.chmod(0o644)
+    inode = target.stat().st_ino
+    fixed = run(ansible, [{"path": str(target), "content": "A=1\n", "mode": "0600"}])
+    assert fixed["changed"] and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert target.stat().st_ino == inode  # the content was the same: not rewritten
+
+
+def test_a_failed_validation_changes_no_file(ansible: Ansible, tmp_path: Path):
+    good, checked = tmp_path / "good.cfg", tmp_path / "checked.cfg"
+    good.write_text("old\n")
+    checked.write_text("old\n")
+    result = run(
+        ansible,
+        [
+            {"path": str(good), "content": "new\n", "mode": "0644"},
+            {"path": str(checked), "content": "bad\n", "mode": "0644", "validate": "grep -q ok %s"},
+        ],
+    )
+    assert result["failed"] and "failed `grep -q ok %s`" in result["msg"]
+    assert good.read_text() == "old\n" and checked.read_text() == "old\n"
+    staged = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert staged == []
+
+
+def test_a_planted_link_is_replaced_not_followed(ansible: Ansible, tmp_path: Path):
+    """The attack: the destination made a link to a file root must not write through."""
+    victim = tmp_path / "shadow"
+    victim.write_text("root:secret\n")
+    planted = tmp_path / "unit.service"
+    planted.symlink_to(victim)
+    result = run(ansible, [{"path": str(planted), "content": "[Unit]\n", "mode": "0644"}])
+    assert result["changed"] and not planted.is_symlink()
+    assert planted.read_text() == "[Unit]\n" and victim.read_text() == "root:secret\n"
+
+
+def test_bad_input_fails_before_any_change(ansible: Ansible, tmp_path: Path):
+    kept = tmp_path / "kept"
+    kept.write_text("old\n")
+    new = {"path": str(tmp_path / "x"), "content": "", "mode": "0644"}
+    for bad, message in (
+        ({**new, "owner": "no-such-user-sf"}, "no user"),
+        ({**new, "path": str(tmp_path / "no" / "x")}, "folder does not exist"),
+        ({**new, "mode": "rw"}, "not octal"),
+    ):
+        result = run(ansible, [{"path": str(kept), "content": "new\n", "mode": "0644"}, bad])
+        assert result["failed"] and message in result["msg"], result
+        assert kept.read_text() == "old\n" and not (tmp_path / "x").exists()
+
+
+def test_check_mode_reports_and_writes_nothing(ansible: Ansible, tmp_path: Path):
+    target = tmp_path / "new.conf"
+    result = run(ansible, [{"path": str(target), "content": "x\n", "mode": "0644"}], "--check")
+    assert result["changed"] and result["changed_paths"] == [str(target)]
+    assert not target.exists()

@@ -1,0 +1,128 @@
+"""library/specfleet_inspect.py, run by Ansible on this machine: one call answers what a
+role's re-run asks (paths, small files, accounts, packages, units, globs), and the answers
+are the ones the builtin modules it replaces give."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import Ansible, json_result
+
+
+def inspect(ansible: Ansible, **options) -> dict:
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "tasks": [{"name": "inspect", "specfleet_inspect": options}],
+    }
+    process = ansible.playbook([play], json_output=True)
+    document = json_result(process)
+    return document["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_paths_links_and_small_files(ansible: Ansible, tmp_path: Path) -> None:
+    venv = tmp_path / "venvs" / "ab12"
+    venv.mkdir(parents=True)
+    (venv / "specfleet-stack.json").write_text('{"vllm": "0.32.0"}\n')
+    current = tmp_path / "current"
+    current.symlink_to(venv)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    result = inspect(
+        ansible,
+        paths=[str(current), str(dangling), str(tmp_path / "missing"), str(venv)],
+        read=[str(venv / "specfleet-stack.json"), str(tmp_path / "missing.json")],
+    )
+    assert not result.get("failed") and result["changed"] is False
+    paths = result["paths"]
+    assert paths[str(current)] | {"mode": None} == {
+        "exists": True,
+        "isfile": False,
+        "isdir": True,
+        "islink": True,
+        "target": str(venv),
+        "mode": None,  # a link's own mode is the system's (0777 on Linux)
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+    }
+    assert paths[str(dangling)]["islink"] and not paths[str(dangling)]["exists"]
+    assert paths[str(tmp_path / "missing")] == {
+        "exists": False,
+        "isfile": False,
+        "isdir": False,
+        "islink": False,
+        "target": None,
+        "mode": None,
+        "uid": None,
+        "gid": None,
+    }
+    assert paths[str(venv)]["isdir"] and not paths[str(venv)]["islink"]
+    venv.chmod(0o750)
+    assert inspect(ansible, paths=[str(venv)])["paths"][str(venv)]["mode"] == "0750"
+    assert result["read"] == {
+        str(venv / "specfleet-stack.json"): '{"vllm": "0.32.0"}\n',
+        str(tmp_path / "missing.json"): None,
+    }
+
+
+def test_a_large_file_is_refused_not_read(ansible: Ansible, tmp_path: Path) -> None:
+    big = tmp_path / "weights.bin"
+    big.write_bytes(b"x" * ((1 << 20) + 1))
+    result = inspect(ansible, read=[str(big)])
+    assert result["failed"] and "larger than" in result["msg"]
+
+
+def test_a_relative_path_is_refused(ansible: Ansible) -> None:
+    result = inspect(ansible, paths=["etc/passwd"])
+    assert result["failed"] and "absolute" in result["msg"]
+
+
+def test_accounts_as_the_databases_have_them(ansible: Ansible) -> None:
+    root = pwd.getpwnam("root")
+    result = inspect(
+        ansible, users=["root", "no-such-user-sf"], groups=["root", "no-such-group-sf"]
+    )
+    assert result["users"]["root"] == {
+        "uid": 0,
+        "gid": root.pw_gid,
+        "group": grp.getgrgid(root.pw_gid).gr_name,
+        "home": root.pw_dir,
+        "shell": root.pw_shell,
+        "comment": root.pw_gecos,
+    }
+    assert result["users"]["no-such-user-sf"] is None
+    assert result["groups"] == {"root": {"gid": 0}, "no-such-group-sf": None}
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg (Debian, Ubuntu)")
+def test_packages_installed_or_not(ansible: Ansible) -> None:
+    result = inspect(ansible, packages=["dpkg", "no-such-package-sf"])
+    assert result["packages"] == {"dpkg": True, "no-such-package-sf": False}
+
+
+def test_units_read_as_systemd_has_them_or_empty_without_it(ansible: Ansible) -> None:
+    # Without systemd as PID 1 (this test machine, a host being built) every property reads
+    # empty; the Molecule scenarios read real units (vllm_server, loadbalancer).
+    result = inspect(ansible, units=["no-such-unit-sf.service"])
+    state = result["units"]["no-such-unit-sf.service"]
+    assert set(state) == {"ActiveState", "UnitFileState", "NeedDaemonReload"}
+    assert state["ActiveState"] in ("", "inactive")
+
+
+def test_globs_newest_first(ansible: Ansible, tmp_path: Path) -> None:
+    for index, name in enumerate(("old", "new")):
+        manifest = tmp_path / name / "specfleet-stack.json"
+        manifest.parent.mkdir()
+        manifest.write_text("{}")
+        os.utime(manifest, (1_000_000 + index, 1_000_000 + index))
+    pattern = f"{tmp_path}/*/specfleet-stack.json"
+    result = inspect(ansible, globs=[pattern])
+    assert [match["path"] for match in result["globs"][pattern]] == [
+        str(tmp_path / "new" / "specfleet-stack.json"),
+        str(tmp_path / "old" / "specfleet-stack.json"),
+    ]
