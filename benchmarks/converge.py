@@ -15,6 +15,9 @@ timing that first converge; then, in one run, over the same SSH connections, it 
 * the same no-op converge limited to one server and to all servers (fork scaling);
 * the tasks each host ran and the ten slowest tasks of the no-op converge
   (ansible.posix.profile_tasks);
+* for each no-op converge, the CPU seconds the controller used and the whole machine's
+  busy CPU seconds (/proc/stat) against its cores' wall time: on a small machine that runs
+  the controller and every lab host, fork scaling ends where the cores are all busy;
 * with ``--mitogen``, the facts-only and the no-op figures again under Mitogen's strategy
   (``ANSIBLE_STRATEGY=mitogen_linear``, strategy_plugins/), side by side.
 
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 PREFIX = "bench-lab-"
 SUBNET = "172.30.243"
+CORES = os.cpu_count() or 1
 
 
 def _inventory(folder: Path, servers: int) -> Path:
@@ -83,7 +88,24 @@ def _env(**extra: str) -> dict[str, str]:
     }
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+def _machine_busy_s() -> float:
+    """CPU seconds this machine's cores have been busy (every process: the controller, the
+    containers' sshd, Python and vLLM servers), from /proc/stat."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _controller_cpu_s() -> float:
+    """CPU seconds of the finished child processes (ansible-playbook and its workers, ssh)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str, float, float]:
+    """Wall seconds, stdout, the controller's CPU seconds and the whole machine's busy CPU
+    seconds of one run: on a machine whose cores are all busy, more forks cannot help."""
+    busy, controller = _machine_busy_s(), _controller_cpu_s()
     start = time.perf_counter()
     run = subprocess.run(
         argv, cwd=ROOT, env=_env(**env), capture_output=True, text=True, check=False
@@ -93,7 +115,7 @@ def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
         sys.exit(
             f"{' '.join(argv)} failed (rc {run.returncode}):\n{run.stdout[-4000:]}{run.stderr}"
         )
-    return elapsed, run.stdout
+    return elapsed, run.stdout, _controller_cpu_s() - controller, _machine_busy_s() - busy
 
 
 _RECAP = re.compile(
@@ -121,10 +143,15 @@ def _slowest(output: str) -> list[tuple[str, float]]:
     return [(m[1].strip(), float(m[2])) for m in map(_PROFILE.match, tail.splitlines()) if m]
 
 
-def _median(argv: list[str], rounds: int, env: dict[str, str]) -> tuple[float, str]:
+def _median(argv: list[str], rounds: int, env: dict[str, str]) -> dict[str, Any]:
+    """The medians of wall time, controller CPU and machine CPU; the last round's output."""
     runs = [_timed(argv, env) for _ in range(rounds)]
-    seconds = statistics.median(elapsed for elapsed, _ in runs)
-    return seconds, runs[-1][1]
+    return {
+        "seconds": round(statistics.median(run[0] for run in runs), 2),
+        "output": runs[-1][1],
+        "controller_cpu_s": round(statistics.median(run[2] for run in runs), 2),
+        "machine_cpu_s": round(statistics.median(run[3] for run in runs), 2),
+    }
 
 
 def _no_op(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> dict[str, Any]:
@@ -136,17 +163,18 @@ def _no_op(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> dic
         "--limit",
         limit,
     ]
-    seconds, output = _median(argv, rounds, env)
+    run = _median(argv, rounds, env)
+    output = run.pop("output")
     hosts = _recap(output)
     changed = {host: tally["changed"] for host, tally in hosts.items() if tally["changed"]}
     if changed or any(tally["failed"] for tally in hosts.values()):
         sys.exit(f"the converge on {limit} was not a no-op: {hosts}\n{output[-4000:]}")
-    return {"seconds": round(seconds, 2), "hosts": hosts, "slowest": _slowest(output)}
+    return {**run, "hosts": hosts, "slowest": _slowest(output)}
 
 
 def _facts(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> float:
     argv = [str(BIN / "ansible"), limit, "-i", str(inventory), "-m", "ansible.builtin.setup"]
-    return round(_median(argv, rounds, env)[0], 2)
+    return float(_median(argv, rounds, env)["seconds"])
 
 
 def _lab(inventory: Path, action: str) -> float:
@@ -167,8 +195,23 @@ def _figures(inventory: Path, rounds: int, env: dict[str, str]) -> dict[str, Any
     }
     everything = _no_op(inventory, "lab", rounds, env)
     figures["no_op_all_s"] = everything["seconds"]
-    figures["no_op_one_server_s"] = _no_op(inventory, one, rounds, env)["seconds"]
-    figures["no_op_all_servers_s"] = _no_op(inventory, "lab_servers", rounds, env)["seconds"]
+    one_server = _no_op(inventory, one, rounds, env)
+    all_servers = _no_op(inventory, "lab_servers", rounds, env)
+    figures["no_op_one_server_s"] = one_server["seconds"]
+    figures["no_op_all_servers_s"] = all_servers["seconds"]
+    # Where fork scaling stops here: the cores' busy time against wall time x cores.
+    figures["cpu"] = {
+        name: {
+            "controller_cpu_s": run["controller_cpu_s"],
+            "machine_cpu_s": run["machine_cpu_s"],
+            "machine_busy_share": round(run["machine_cpu_s"] / (run["seconds"] * CORES), 2),
+        }
+        for name, run in (
+            ("every_host", everything),
+            ("one_server", one_server),
+            ("all_servers", all_servers),
+        )
+    }
     figures["ratio_to_facts"] = round(figures["no_op_all_s"] / figures["facts_all_s"], 1)
     figures["fork_scaling"] = round(
         figures["no_op_all_servers_s"] / figures["no_op_one_server_s"], 2
@@ -224,6 +267,13 @@ def _print(report: dict[str, Any]) -> None:
             f"  no-op site.yml, {servers} servers               "
             f"{figures['no_op_all_servers_s']:8.2f} s   {figures['fork_scaling']}x one server"
         )
+        for name, cpu in figures["cpu"].items():
+            print(
+                f"  CPU, no-op {name.replace('_', ' '):<12}"
+                f" controller {cpu['controller_cpu_s']:6.2f} s,"
+                f" whole machine {cpu['machine_cpu_s']:6.2f} s"
+                f" ({cpu['machine_busy_share']:.0%} of {CORES} cores' wall time)"
+            )
         tasks = ", ".join(f"{h} {n}" for h, n in figures["tasks_per_host"].items())
         print(f"  tasks per host: {tasks}")
         print("  ten slowest no-op tasks (profile_tasks, last round):")
