@@ -30,7 +30,9 @@ options:
         type: path
         required: true
       content:
-        description: The whole content (UTF-8 text).
+        description:
+          - The whole content (UTF-8 text). Never echoed in results (no_log); C(--diff) shows
+            a unified diff of what changed.
         type: str
         required: true
       owner:
@@ -73,6 +75,7 @@ changed_paths:
   returned: always
 """
 
+import difflib  # noqa: E402
 import grp  # noqa: E402
 import os  # noqa: E402
 import pwd  # noqa: E402
@@ -175,12 +178,12 @@ def _stage(module: AnsibleModule, plan: dict) -> str:
 
 
 def _diff(plan: dict) -> dict:
-    return {
-        "before_header": plan["path"],
-        "after_header": plan["path"],
-        "before": (plan["before"] or b"").decode("utf-8", "replace"),
-        "after": plan["content"].decode("utf-8"),
-    }
+    # A unified diff, prepared here: the content option is no_log (an environment file may
+    # hold a token), and Ansible masks a no_log value wherever it appears whole in a result.
+    before = (plan["before"] or b"").decode("utf-8", "replace").splitlines(keepends=True)
+    after = plan["content"].decode("utf-8").splitlines(keepends=True)
+    lines = difflib.unified_diff(before, after, f"{plan['path']} (before)", plan["path"])
+    return {"prepared": "".join(lines)}
 
 
 def main() -> None:
@@ -192,7 +195,7 @@ def main() -> None:
                 "required": True,
                 "options": {
                     "path": {"type": "path", "required": True},
-                    "content": {"type": "str", "required": True},
+                    "content": {"type": "str", "required": True, "no_log": True},
                     "owner": {"type": "str", "default": "root"},
                     "group": {"type": "str", "default": "root"},
                     "mode": {"type": "str", "required": True},
@@ -207,11 +210,12 @@ def main() -> None:
     if len(set(paths)) != len(paths):
         module.fail_json(msg="a path is listed twice; nothing was changed")
     changed = [plan for plan in plans if plan["write"] or plan["chmod"]]
-    result = {
-        "changed": bool(changed),
-        "changed_paths": [plan["path"] for plan in changed],
-        "diff": [_diff(plan) for plan in changed if plan["write"]],
-    }
+    result = {"changed": bool(changed), "changed_paths": [plan["path"] for plan in changed]}
+    # Only under --diff, as the template and copy modules: a file's text stays out of
+    # results and logs otherwise (an environment file may hold a token; the option itself
+    # is no_log, so the invocation Ansible echoes does not carry it either).
+    if module._diff:
+        result["diff"] = [_diff(plan) for plan in changed if plan["write"]]
     if module.check_mode or not changed:
         module.exit_json(**result)
 

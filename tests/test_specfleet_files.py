@@ -137,3 +137,16 @@ def test_check_mode_reports_and_writes_nothing(ansible: Ansible, tmp_path: Path)
     result = run(ansible, [{"path": str(target), "content": "x\n", "mode": "0644"}], "--check")
     assert result["changed"] and result["changed_paths"] == [str(target)]
     assert not target.exists()
+
+
+def test_the_text_is_in_the_result_only_under_diff(ansible: Ansible, tmp_path: Path):
+    target = tmp_path / "app.env"
+    target.write_text("HF_HOME=/var/cache/hf\n")
+    files = [
+        {"path": str(target), "content": "HF_HOME=/var/cache/hf\nHF_TOKEN=x\n", "mode": "0600"}
+    ]
+    quiet = run(ansible, files, "--check")
+    assert "diff" not in quiet and "HF_TOKEN" not in str(quiet)  # not in the invocation either
+    shown = run(ansible, files, "--check", "--diff")
+    assert "+HF_TOKEN=x\n" in shown["diff"][0]["prepared"]
+    assert " HF_HOME=/var/cache/hf\n" in shown["diff"][0]["prepared"]
