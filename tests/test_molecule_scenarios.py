@@ -47,12 +47,12 @@ def base_image() -> str:
 
 @pytest.fixture(scope="session")
 def wheelhouse_root() -> Path:
-    """The cpu stacks' wheelhouses: scenarios install the host stack offline from them
+    """The cpu stacks' and the models' wheelhouses: scenarios install offline from them
     (the project's locks, and the locks a scenario keeps for itself in molecule/*/locks)."""
     for folder in [ROOT / "locks", *sorted((ROOT / "molecule").glob("*/locks"))]:
         for lock_file in sorted(folder.glob("*.toml")):
             spec = StackSpec.load(lock_file.stem, folder)
-            if spec.profile == "cpu":
+            if spec.profile in ("cpu", "model"):
                 ensure_wheelhouse(spec, StackLock.read(spec.name, folder))
     return cache_dir("wheelhouse")
 

