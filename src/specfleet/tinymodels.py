@@ -384,6 +384,18 @@ def drafter_tensors(spec: TinySpec, draft_ids: Sequence[int]) -> dict[str, torch
 
 def drafter_config(spec: TinySpec, vocab_size: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """config.json of the drafter: a one-layer Llama with EAGLE-3 fields."""
+    special_ids = {
+        "bos_token_id": tokenizer.token_to_id(BOS),
+        "eos_token_id": tokenizer.token_to_id(EOS),
+        "pad_token_id": tokenizer.token_to_id(PAD),
+    }
+    return drafter_config_with(spec, vocab_size, special_ids)
+
+
+def drafter_config_with(
+    spec: TinySpec, vocab_size: int, special_ids: dict[str, Any]
+) -> dict[str, Any]:
+    """The drafter's config.json, given its target's special token ids."""
     return {
         "architectures": [DRAFTER_ARCHITECTURE],
         "model_type": "llama",
@@ -403,9 +415,7 @@ def drafter_config(spec: TinySpec, vocab_size: int, tokenizer: Tokenizer) -> dic
         "vocab_size": vocab_size,
         "draft_vocab_size": spec.draft_vocab_size,
         "target_hidden_size": spec.hidden_size,
-        "bos_token_id": tokenizer.token_to_id(BOS),
-        "eos_token_id": tokenizer.token_to_id(EOS),
-        "pad_token_id": tokenizer.token_to_id(PAD),
+        **special_ids,
         "torch_dtype": spec.dtype,
     }
 

@@ -117,16 +117,47 @@ def _prompts_settings(ctx: Context) -> dict[str, Any]:
     }
 
 
+def heldout_groups(groups: list[str], wanted: int, seed: int) -> set[str]:
+    """Whole groups, drawn with ``seed``, until they hold at least ``wanted`` rows.
+
+    A row's group is what it must not share with training (a documentation topic); rows
+    without one are each their own group, which makes this a plain seeded draw of rows.
+    """
+    sizes: dict[str, int] = {}
+    for group in groups:
+        sizes[group] = sizes.get(group, 0) + 1
+    order = list(sizes)
+    random.Random(seed).shuffle(order)
+    chosen: set[str] = set()
+    held = 0
+    for group in order:
+        if held >= wanted:
+            break
+        chosen.add(group)
+        held += sizes[group]
+    return chosen
+
+
 def _prompts_run(ctx: Context, out: Path) -> dict[str, Any]:
-    """Split the dataset: held-out prompts (evaluation only) and training prompts."""
+    """Split the dataset: held-out prompts (evaluation only) and training prompts.
+
+    Rows that name a ``group`` are held out a whole group at a time, so the drafter is
+    measured on topics it never trained on; the group is dropped from what the tools read.
+    """
     rows = list(read_rows(Path(ctx.config.dataset)))
-    order = list(range(len(rows)))
-    random.Random(ctx.config.seed).shuffle(order)
-    heldout = set(order[: ctx.config.heldout_prompts])
+    groups = [str(row.pop("group", f"\0row {index}")) for index, row in enumerate(rows)]
+    heldout = heldout_groups(groups, ctx.config.heldout_prompts, ctx.config.seed)
+    held_rows = 0
     with (out / "train.jsonl").open("w") as train, (out / "heldout.jsonl").open("w") as held:
-        for index, row in enumerate(rows):
-            (held if index in heldout else train).write(json.dumps(row) + "\n")
-    return {"train_rows": len(rows) - len(heldout), "heldout_rows": len(heldout)}
+        for row, group in zip(rows, groups, strict=True):
+            is_heldout = group in heldout
+            held_rows += is_heldout
+            (held if is_heldout else train).write(json.dumps(row) + "\n")
+    return {
+        "train_rows": len(rows) - held_rows,
+        "heldout_rows": held_rows,
+        "heldout_groups": sorted(g for g in heldout if not g.startswith("\0")),
+    }
 
 
 # --------------------------------------------------------------------------- responses
