@@ -125,6 +125,29 @@ def test_run_id_is_stable_and_only_changed_stages_get_new_keys(tmp_path: Path) -
         assert longer.keys[stage] != first.keys[stage], stage
 
 
+def test_one_process_per_gpu_trains_under_torchrun_as_another_run(tmp_path: Path) -> None:
+    from specfleet.drafter.stages import trainer_command
+
+    single = settings(tmp_path, cpu_compat=False)
+    eight = RunConfig.from_dict({**single.as_dict(), "train_processes": 8})
+    assert trainer_command(single)[1:] == ["-m", "specfleet.drafter.train_entry"]
+    command = trainer_command(eight)
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    assert command[5:] == ["8", "-m", "specfleet.drafter.train_entry"]
+    # Splitting the batches across processes is another training run; the default keeps
+    # the key every run trained before this setting had.
+    first, split = context(single), context(eight)
+    plan(first), plan(split)
+    assert split.keys["hidden_states"] == first.keys["hidden_states"]
+    assert split.keys["train"] != first.keys["train"]
+    assert "processes" not in first.inputs["train"]["settings"]
+
+
+def test_several_training_processes_are_refused_on_a_cpu_host(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="train_processes=2 needs GPUs"):
+        settings(tmp_path, train_processes=2)
+
+
 def test_a_changed_dataset_changes_every_stage(tmp_path: Path) -> None:
     config = settings(tmp_path)
     before = context(config)

@@ -92,6 +92,13 @@ class RunConfig:
         metadata=doc("vllm (as speculators does it) or transformers (small targets only)"),
     )
     epochs: int = field(default=10, metadata=doc("training epochs"))
+    train_processes: int = field(
+        default=1,
+        metadata=doc(
+            "training processes on the host, one per GPU the job may use (torchrun "
+            "--nproc-per-node; speculators' data-parallel trainer); 1 trains in one process"
+        ),
+    )
     learning_rate: float = field(default=1e-3, metadata=doc("learning rate"))
     train_extra_args: list[str] = field(
         default_factory=list, metadata=doc("further `speculators train` arguments")
@@ -156,10 +163,19 @@ class RunConfig:
             "epochs": self.epochs,
             "eval_max_tokens": self.eval_max_tokens,
             "concurrency": self.concurrency,
+            "train_processes": self.train_processes,
         }
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.cpu_compat and self.train_processes > 1:
+            # speculators.train.distributed sets up torch.distributed on an accelerator
+            # only: without one, selecting the rank's device fails ("Cannot access
+            # accelerator device when none is available"); it never falls back to gloo.
+            raise ConfigError(
+                f"train_processes={self.train_processes} needs GPUs: speculators' distributed "
+                "trainer finds no accelerator on a cpu host; set it to 1 there"
+            )
         try:
             check_num_speculative_tokens(self.num_speculative_tokens)
         except SpeculativeConfigError as error:

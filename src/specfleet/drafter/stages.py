@@ -308,7 +308,7 @@ def _hidden_run(ctx: Context, out: Path) -> dict[str, Any]:
 
 def _train_settings(ctx: Context) -> dict[str, Any]:
     config = ctx.config
-    return {
+    settings = {
         "epochs": config.epochs,
         "learning_rate": config.learning_rate,
         "draft_vocab_size": config.draft_vocab_size,
@@ -317,6 +317,26 @@ def _train_settings(ctx: Context) -> dict[str, Any]:
         "extra_args": config.train_extra_args,
         "cpu_compat": config.cpu_compat,
     }
+    # More processes split each epoch's batches (another training run); one process
+    # is what every run before this setting trained with, and keeps its key.
+    if config.train_processes != 1:
+        settings["processes"] = config.train_processes
+    return settings
+
+
+def trainer_command(config: RunConfig) -> list[str]:
+    """How the trainer starts: one process, or torchrun with one process per GPU.
+
+    speculators' trainer is data-parallel under torchrun (it reads LOCAL_RANK and sets
+    up torch.distributed itself); ``--standalone`` keeps the rendezvous on this host.
+    """
+    if config.train_processes == 1:
+        return [sys.executable, "-m", "specfleet.drafter.train_entry"]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(config.train_processes),
+        "-m", "specfleet.drafter.train_entry",
+    ]  # fmt: skip
 
 
 def latest_checkpoint(ckpt: Path) -> dict[str, Any] | None:
@@ -379,9 +399,7 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
         ctx,
         "train",
         [
-            sys.executable,
-            "-m",
-            "specfleet.drafter.train_entry",
+            *trainer_command(config),
             *(["--cpu-compat"] if config.cpu_compat else []),
             "--progress",
             str(ctx.progress.path),
