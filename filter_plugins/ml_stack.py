@@ -69,6 +69,20 @@ def stack_pin_version(pins: Iterable[str], package: str) -> str:
     return ""
 
 
+def stack_pin_sha256(lock_text: str, package: str) -> str:
+    """The sha256 (hex) the lock accepts for `package`'s file: what names and checks a
+    packaged model on the host (roles/packaged_model)."""
+    pins, hashes, _ = parse_lock_text(lock_text)
+    version = stack_pin_version(pins, package)
+    if not version:
+        raise AnsibleFilterError(f"the lock does not pin {package}")
+    pin = next(p for p in pins if stack_pin_version([p], package) == version)
+    found = hashes.get(pin) or ()
+    if len(found) != 1 or not found[0].startswith("sha256:"):
+        raise AnsibleFilterError(f"{pin}: the lock must give exactly one sha256, got {found}")
+    return found[0].removeprefix("sha256:")
+
+
 def stack_pins_without(pins: Iterable[str], packages: Iterable[str]) -> list[str]:
     """The pins except those of `packages` (built on the host after the rest)."""
     skip = {_normalise(name) for name in packages}
@@ -179,6 +193,7 @@ class FilterModule:
             "stack_pins": stack_pins,
             "stack_host_mismatches": stack_host_mismatches,
             "stack_pin_version": stack_pin_version,
+            "stack_pin_sha256": stack_pin_sha256,
             "stack_pins_without": stack_pins_without,
             "wheelhouse_missing": wheelhouse_missing,
             "flash_attn_wheel_mismatches": flash_attn_wheel_mismatches,
