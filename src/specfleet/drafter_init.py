@@ -3,8 +3,8 @@
 vLLM serves a target with EAGLE-3 only beside a drafter of matching shapes. Before a
 drafter is trained for a real target (SmolLM2 in the lab), this writes one with seeded
 random weights in vLLM's native format: the target's hidden size, heads and MLP width,
-one decoder layer, and the whole target vocabulary as its draft vocabulary (``d2t`` all
-zero). It accepts almost nothing; it is the baseline a trained drafter is measured
+one decoder layer, and the whole target vocabulary as its draft vocabulary (so no
+``d2t`` mapping). It accepts almost nothing; it is the baseline a trained drafter is measured
 against, and what keeps the server's configuration the same before and after training.
 
 Usage: ``python -m specfleet.drafter_init TARGET_DIR OUT_DIR [--seed 0]``
@@ -53,6 +53,9 @@ def write(target: Path, out: Path, seed: int = 0) -> dict[str, Any]:
     staged = out.with_name(f".{out.name}.tmp")
     staged.mkdir(parents=True, exist_ok=True)
     tensors = drafter_tensors(spec, range(spec.vocab_size))
+    # The draft vocabulary is the whole target vocabulary: vLLM then makes no draft-to-
+    # target mapping, and refuses a `d2t` it has no parameter for.
+    del tensors["d2t"]
     save_file(tensors, str(staged / "model.safetensors"), metadata={"format": "pt"})
     config = drafter_config_with(spec, spec.vocab_size, special)
     (staged / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
