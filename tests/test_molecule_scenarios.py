@@ -23,7 +23,7 @@ ROOT = repo_root()
 # Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.
 # fleet: three vLLM servers, constant load and three venv builds on CI's two cores take
 # about 45 minutes (its last full run: 17:42 to 18:27, the rolling upgrade 846 s), and CI
-# without it took 2,615 s (44 minutes) at its last landing: with it, CI would pass its
+# without it took 2,478 s (41 minutes) at its last landing: with it, CI would pass its
 # 60-minute budget. Its load once failed every request: vLLM 0.31's CPU sampler
 # needed a C++ compiler the hosts lacked, and upgrade.yml pointed HAProxy at loopback;
 # both are fixed, and the gate and the balancer's checks now catch each.
