@@ -43,7 +43,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[s
 
 
 def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> None:
-    _, up = lab
+    inventory, up = lab
     assert up["rc"] == 0 and up["result"] == "ok"
     assert up["playbooks"] == ["lab.yml", "site.yml", "status.yml"]
     assert up["hosts"][HOST]["changed"], "the first converge must change bare hosts"
@@ -68,7 +68,11 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     assert completion["completion_tokens"] > 0 and completion["text"]
     assert completion["drafts"] > 0 and completion["draft_tokens"] > 0
     assert completion["accepted_tokens"] >= 0
-    assert up["lab"]["next"][:2] == ["specfleet status", "specfleet train"]
+    # The next commands drive this lab: they carry its inventory.
+    assert up["lab"]["next"][:2] == [
+        f"specfleet status -i {inventory}",
+        f"specfleet train -i {inventory}",
+    ]
 
 
 def test_lab_up_again_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:

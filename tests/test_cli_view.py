@@ -346,3 +346,18 @@ def test_the_lab_summary_says_what_the_user_now_has() -> None:
     assert "12 drafts, 36 draft tokens, 20 accepted (mean acceptance length 2.667)" in text
     assert "specfleet status" in text and "specfleet train" in text
     assert text.rstrip("\n").splitlines()[-1] == f"log: {log}"
+
+
+def test_the_next_commands_carry_the_labs_own_inventory() -> None:
+    """A lab brought up with -i (inventory/lab-smollm2) is driven with the same -i."""
+    from specfleet.lab_tour import tour
+    from specfleet.runopts import RunOptions
+
+    default = tour(RunOptions(), {"servers": {}})
+    assert default["next"][:2] == ["specfleet status", "specfleet train"]
+    smollm2 = tour(RunOptions(inventories=("inventory/lab-smollm2",)), {"servers": {}})
+    assert smollm2["next"] == [
+        "specfleet status -i inventory/lab-smollm2",
+        "specfleet train -i inventory/lab-smollm2",
+        "specfleet lab down -i inventory/lab-smollm2",
+    ]

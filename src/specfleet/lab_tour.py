@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -144,7 +145,12 @@ def tour(
             }
             for host, row in status.get("servers", {}).items()
         ],
-        "next": [command.split("#")[0].strip() for command in NEXT_COMMANDS],
+        # With the lab's own inventory when it is not the default (inventory/lab-smollm2).
+        "next": [
+            command.split("#")[0].strip()
+            + "".join(f" -i {shlex.quote(source)}" for source in options.inventories)
+            for command in NEXT_COMMANDS
+        ],
     }
     if not servers:
         summary["completion"] = {"error": "no server answers its health check"}

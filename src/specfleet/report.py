@@ -73,8 +73,9 @@ def render_tour(console: Console, lab: Mapping[str, Any]) -> None:
             highlight=False,
         )
     console.print("Next:")
-    for command in NEXT_COMMANDS:
-        console.print(f"  {command}", markup=False, highlight=False)
+    comments = [command.partition("#")[2].strip() for command in NEXT_COMMANDS]
+    for command, comment in zip(lab.get("next", []), comments, strict=False):
+        console.print(f"  {command:<32} # {comment}", markup=False, highlight=False)
 
 
 def render_outcome(console: Console, outcome: Outcome) -> None:
