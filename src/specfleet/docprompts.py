@@ -1,9 +1,9 @@
 """A prompt set written by people, without a download: instructions about Python's own docs.
 
-Every Python ships its language reference as text (``pydoc_data.topics``: about 80 topics,
-700 paragraphs of 200-900 characters). Each prompt pairs one paragraph with one kind of
-instruction (explain, summarise, give an example, answer a question about it), drawn with a
-seed, so the same seed and Python give the same file everywhere.
+Every Python ships its language reference as text (``pydoc_data.topics``; in 3.11, 588
+distinct paragraphs of 200-900 characters in 60 topics). Each prompt pairs one paragraph
+with one kind of instruction (explain, summarise, give an example, answer a question about
+it), drawn with a seed, so the same seed and Python give the same file everywhere.
 
 Each row is a one-turn chat with the topic it came from::
 
