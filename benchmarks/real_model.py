@@ -95,6 +95,7 @@ def _run(python: Path, *args: str, label: str) -> float:
 
 
 def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
+    from specfleet.drafter.inputs import digest_of
     from specfleet.stacklock import StackLock, StackSpec
     from specfleet.wheelhouse import ensure_wheelhouse
 
@@ -130,7 +131,7 @@ def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
         "learning_rate": args.learning_rate,
         "server": {"args": ["--enforce-eager"], "environment": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
     }
-    run_config = work / f"run-{sha256_text(json.dumps(config, sort_keys=True))}.json"
+    run_config = work / f"run-{digest_of(config)}.json"
     run_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"model": model, "untrained": untrained, "config": run_config, "walls": walls}
 
@@ -142,12 +143,6 @@ def _stages_finished(config_file: Path) -> dict[str, float]:
         path.parent.name: json.loads(path.read_text())["finished"]
         for path in stages.glob("*/manifest.json")
     }
-
-
-def sha256_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def controller(args: argparse.Namespace) -> int:

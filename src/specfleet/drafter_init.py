@@ -21,9 +21,8 @@ from typing import Any
 from specfleet.tinymodels import MIN_LAYERS, TinySpec, drafter_config_with, drafter_tensors
 
 
-def spec_for(target_config: dict[str, Any], seed: int) -> TinySpec:
-    """The drafter's shapes, read from the target's config.json."""
-    text = target_config.get("text_config", target_config)
+def spec_for(text: dict[str, Any], seed: int) -> TinySpec:
+    """The drafter's shapes, read from the target's (text) config."""
     heads = int(text["num_attention_heads"])
     hidden = int(text["hidden_size"])
     if int(text.get("head_dim") or hidden // heads) * heads != hidden:
@@ -47,8 +46,8 @@ def write(target: Path, out: Path, seed: int = 0) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     target_config = json.loads((target / "config.json").read_text())
-    spec = spec_for(target_config, seed)
     text = target_config.get("text_config", target_config)
+    spec = spec_for(text, seed)
     special = {key: text.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     staged = out.with_name(f".{out.name}.tmp")
     staged.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -123,9 +124,7 @@ def heldout_groups(groups: list[str], wanted: int, seed: int) -> set[str]:
     A row's group is what it must not share with training (a documentation topic); rows
     without one are each their own group, which makes this a plain seeded draw of rows.
     """
-    sizes: dict[str, int] = {}
-    for group in groups:
-        sizes[group] = sizes.get(group, 0) + 1
+    sizes = Counter(groups)  # in first-appearance order, which the shuffle starts from
     order = list(sizes)
     random.Random(seed).shuffle(order)
     chosen: set[str] = set()
