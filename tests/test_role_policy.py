@@ -183,3 +183,41 @@ def test_regex_groups_are_read_with_regex_findall() -> None:
         if backreference.search(line)
     ]
     assert not offenders, offenders
+
+
+# Entry points that deliberately have no spec: they run only after another entry point
+# of the same role checked the same options earlier in the play.
+ENTRY_POINTS_WITHOUT_SPEC = {("vllm_server", "start")}
+
+
+def _role_entries(items: Any) -> list[tuple[str, str]]:
+    """(role, tasks_from) of every include_role / import_role below ``items``."""
+    found = []
+    if isinstance(items, dict):
+        for key, value in items.items():
+            is_role = key.endswith(("include_role", "import_role")) and isinstance(value, dict)
+            if is_role and "tasks_from" in value:
+                found.append((value["name"], value["tasks_from"]))
+            found.extend(_role_entries(value))
+    elif isinstance(items, list):
+        for item in items:
+            found.extend(_role_entries(item))
+    return found
+
+
+def test_every_role_entry_point_is_checked_by_its_spec() -> None:
+    """Ansible checks a role's argument spec for ``tasks_from: X`` only when the spec has an
+    entry point named X: ``tasks_from: prepare.yml`` silently checks nothing."""
+    entries = {
+        entry
+        for folder in ("playbooks", "roles", "molecule")
+        for path in (ROOT / folder).rglob("*.yml")
+        for entry in _role_entries(yaml.safe_load(path.read_text()))
+    }
+    assert entries, "no include_role with tasks_from found"
+    for role, entry in sorted(entries):
+        specs = load(ROOT / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
+        assert (role, entry) in ENTRY_POINTS_WITHOUT_SPEC or entry in specs, (
+            f"tasks_from: {entry} of role {role} is not an entry point of its argument spec"
+            f" ({', '.join(specs)}): Ansible would check none of its variables"
+        )
