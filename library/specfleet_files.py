@@ -10,6 +10,8 @@ is a round trip to learn that nothing differs. Here the controller renders the c
 Every file is written to a temporary file beside it and validated before any file is
 renamed into place: a bad file (its ``validate`` command fails, an owner does not exist)
 fails the task with nothing changed. A link at a destination is replaced, never followed.
+A file whose state is ``absent`` is removed in the same call (a secret that is no longer
+configured), after every new file is in place.
 """
 
 from __future__ import annotations
@@ -32,9 +34,20 @@ options:
       content:
         description:
           - The whole content (UTF-8 text). Never echoed in results (no_log); C(--diff) shows
-            a unified diff of what changed.
+            a unified diff of what changed, unless O(files[].diff=false).
+          - Required when O(files[].state=present).
         type: str
-        required: true
+      state:
+        description: V(absent) removes the file (or a link in its place); content is not read.
+        type: str
+        choices: [present, absent]
+        default: present
+      diff:
+        description:
+          - V(false) leaves the file out of C(--diff) output (a secret): its path is still
+            listed in RV(changed_paths).
+        type: bool
+        default: true
       owner:
         type: str
         default: root
@@ -42,9 +55,8 @@ options:
         type: str
         default: root
       mode:
-        description: Octal mode as a string (C("0644")).
+        description: Octal mode as a string (C("0644")); required when O(files[].state=present).
         type: str
-        required: true
       validate:
         description: A command run on the new content before it is put in place; C(%s) is its path.
         type: str
@@ -65,11 +77,19 @@ EXAMPLES = r"""
       - path: /etc/specfleet/specfleet-vllm.env
         content: "{{ lookup('ansible.builtin.template', 'vllm-server.env.j2') }}"
         mode: "0600"
+      # A secret: written when set, removed when not, never shown by --diff.
+      - path: /etc/specfleet/specfleet-vllm.api-key
+        content: "{{ vllm_server_api_key }}"
+        state: "{{ 'present' if vllm_server_api_key | length > 0 else 'absent' }}"
+        diff: false
+        mode: "0440"
 """
 
 RETURN = r"""
 changed_paths:
-  description: The files whose content, owner, group or mode was (or in check mode would be) set.
+  description: >-
+    The files whose content, owner, group or mode was (or in check mode would be) set, and
+    those removed.
   type: list
   elements: str
   returned: always
@@ -120,10 +140,23 @@ def _current(path: str) -> tuple[os.stat_result | None, bytes | None]:
         return info, handle.read()
 
 
+def _plan_removal(module: AnsibleModule, wanted: dict) -> dict:
+    path = wanted["path"]
+    info, _ = _current(path)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        module.fail_json(msg=f"{path} is a folder; nothing was changed")
+    return {"path": path, "remove": info is not None, "write": False, "chmod": False}
+
+
 def _plan(module: AnsibleModule, wanted: dict) -> dict:
     path = wanted["path"]
     if not os.path.isabs(path):
         module.fail_json(msg=f"{path}: the path must be absolute; nothing was changed")
+    if wanted["state"] == "absent":
+        return _plan_removal(module, wanted)
+    for required in ("content", "mode"):
+        if wanted[required] is None:
+            module.fail_json(msg=f"{path}: {required} is required unless state is absent")
     if not os.path.isdir(os.path.dirname(path)):
         module.fail_json(msg=f"{path}: its folder does not exist; nothing was changed")
     uid, gid = _ids(module, wanted)
@@ -147,7 +180,9 @@ def _plan(module: AnsibleModule, wanted: dict) -> dict:
         "mode": mode,
         "write": not same_content,
         "chmod": same_content and not same_attributes,
+        "remove": False,
         "validate": wanted.get("validate"),
+        "diff": wanted["diff"],
     }
 
 
@@ -195,10 +230,16 @@ def main() -> None:
                 "required": True,
                 "options": {
                     "path": {"type": "path", "required": True},
-                    "content": {"type": "str", "required": True, "no_log": True},
+                    "content": {"type": "str", "no_log": True},
+                    "state": {
+                        "type": "str",
+                        "choices": ["present", "absent"],
+                        "default": "present",
+                    },
+                    "diff": {"type": "bool", "default": True},
                     "owner": {"type": "str", "default": "root"},
                     "group": {"type": "str", "default": "root"},
-                    "mode": {"type": "str", "required": True},
+                    "mode": {"type": "str"},
                     "validate": {"type": "str"},
                 },
             }
@@ -209,13 +250,13 @@ def main() -> None:
     paths = [plan["path"] for plan in plans]
     if len(set(paths)) != len(paths):
         module.fail_json(msg="a path is listed twice; nothing was changed")
-    changed = [plan for plan in plans if plan["write"] or plan["chmod"]]
+    changed = [plan for plan in plans if plan["write"] or plan["chmod"] or plan["remove"]]
     result = {"changed": bool(changed), "changed_paths": [plan["path"] for plan in changed]}
     # Only under --diff, as the template and copy modules: a file's text stays out of
     # results and logs otherwise (an environment file may hold a token; the option itself
     # is no_log, so the invocation Ansible echoes does not carry it either).
     if module._diff:
-        result["diff"] = [_diff(plan) for plan in changed if plan["write"]]
+        result["diff"] = [_diff(plan) for plan in changed if plan["write"] and plan["diff"]]
     if module.check_mode or not changed:
         module.exit_json(**result)
 
@@ -232,9 +273,12 @@ def main() -> None:
     for plan in changed:
         if plan["write"]:
             os.replace(staged[plan["path"]], plan["path"])
-        else:
+        elif plan["chmod"]:
             os.chown(plan["path"], plan["uid"], plan["gid"], follow_symlinks=False)
             os.chmod(plan["path"], plan["mode"])
+    for plan in changed:
+        if plan["remove"]:
+            os.unlink(plan["path"])
     module.exit_json(**result)
 
 

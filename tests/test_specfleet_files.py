@@ -150,3 +150,35 @@ def test_the_text_is_in_the_result_only_under_diff(ansible: Ansible, tmp_path: P
     shown = run(ansible, files, "--check", "--diff")
     assert "+HF_TOKEN=x\n" in shown["diff"][0]["prepared"]
     assert " HF_HOME=/var/cache/hf\n" in shown["diff"][0]["prepared"]
+
+
+def test_a_secret_is_written_then_removed_and_never_in_a_diff(ansible: Ansible, tmp_path: Path):
+    key, unit = tmp_path / "server.api-key", tmp_path / "server.env"
+    secret = {"path": str(key), "content": "sk-lab-123", "mode": "0440", "diff": False}
+    env = {"path": str(unit), "content": "A=1\n", "mode": "0600"}
+    written = run(ansible, [env, secret], "--diff")
+    assert written["changed_paths"] == [str(unit), str(key)]
+    assert key.read_text() == "sk-lab-123" and stat.S_IMODE(key.stat().st_mode) == 0o440
+    assert "sk-lab-123" not in str(written)  # not in the diff, not in the invocation
+    # Only the environment file's diff (its whole content is no_log, so Ansible masks it).
+    assert len(written["diff"]) == 1 and f"+++ {unit}\n" in written["diff"][0]["prepared"]
+    again = run(ansible, [env, secret])
+    assert again["changed"] is False
+    absent = {"path": str(key), "state": "absent"}
+    removed = run(ansible, [env, absent])
+    assert removed["changed_paths"] == [str(key)] and not key.exists() and unit.exists()
+    assert run(ansible, [env, absent])["changed"] is False
+
+
+def test_a_removal_waits_for_every_new_file(ansible: Ansible, tmp_path: Path):
+    """A bad new file fails the call before the absent one is removed."""
+    old = tmp_path / "old.api-key"
+    old.write_text("sk-old")
+    bad = {"path": str(tmp_path / "x"), "content": "bad\n", "mode": "0644", "validate": "false %s"}
+    result = run(ansible, [{"path": str(old), "state": "absent"}, bad])
+    assert result["failed"] and old.read_text() == "sk-old"
+
+
+def test_content_is_required_unless_absent(ansible: Ansible, tmp_path: Path):
+    result = run(ansible, [{"path": str(tmp_path / "x"), "mode": "0644"}])
+    assert result["failed"] and "content is required unless state is absent" in result["msg"]
