@@ -1080,6 +1080,9 @@ def test_argument_spec_rejects_bad_values(tmp_path: Path, extra: dict, message: 
     assert_nothing_changed(result)
 
 
+VERSION_CHECK = "Check the version variables and that the driver branch supports the CUDA toolkit"
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -1095,7 +1098,7 @@ def test_version_variables_checked_first(tmp_path: Path, extra: dict):
     )
     assert rc != 0
     names = [name for name, _ in task_results(result)]
-    assert names[-1] == "Check the version variables"
+    assert names[-1] == VERSION_CHECK
     assert "Say why the role is skipped (profile without NVIDIA GPUs)" not in names
     failed = task_results(result)[-1][1]
     assert failed["failed"] is True
@@ -1122,7 +1125,7 @@ def test_toolkit_needs_a_driver_branch_that_supports_it(tmp_path: Path, extra: d
     )
     assert rc != 0
     name, failed = task_results(result)[-1]
-    assert name == "Check that the driver branch supports the CUDA toolkit"
+    assert name == VERSION_CHECK
     assert message in failed["msg"]
     assert_nothing_changed(result)
 
