@@ -119,6 +119,15 @@ options:
       - Seconds to wait for another run holding the lock on the same vLLM installation.
     type: int
     default: 60
+  record:
+    description:
+      - A JSON file recording the whitelist this run found, for a service that must restart
+        when it changes (specfleet's server checksums it) - the vLLM version, the file, the
+        check's shape and its entries, nothing that depends on the time - rewritten
+        atomically (root, 0644) only when that differs, so an edit or another vLLM (a new
+        venv) changes it and a re-run that finds the same does not. In the same call as the
+        edit: one round trip to the host on a re-run. Its folder must exist.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -235,6 +244,10 @@ entries:
   type: list
   elements: str
   sample: [llama, qwen, mistral]
+record_changed:
+  description: Whether O(record) was (or in check mode would be) rewritten.
+  returned: when O(record) is set
+  type: bool
 specfleet_entries:
   description: The entries this module has added, after the run.
   returned: always
@@ -1160,7 +1173,54 @@ class Whitelist:
 
     def finish(self, tail: str) -> NoReturn:
         self.result["msg"] = self.summary(tail)
+        self.exit()
+
+    def exit(self) -> NoReturn:
+        """Record what was found (when asked), then report."""
+        if self.p["record"]:
+            self.write_record(self.p["record"])
         self.module.exit_json(**self.result)
+
+    def write_record(self, record: str) -> None:
+        # The bytes of `to_nice_json` plus a newline, as the role wrote them before this
+        # option existed: a host converged then keeps its record (and its server running).
+        found = {
+            "vllm_version": self.result["vllm_version"],
+            "path": self.result["path"],
+            "whitelist": self.result["whitelist"],
+            "entries": self.result["entries"],
+        }
+        content = json.dumps(found, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
+        try:
+            with open(record, "rb") as handle:
+                same = handle.read() == content.encode()
+        except FileNotFoundError:
+            same = False
+        except OSError as exc:
+            self.fail(f"cannot read the record {record}: {exc.strerror}")
+        self.result["record_changed"] = not same
+        if same:
+            return
+        self.result["changed"] = True
+        if self.module.check_mode:
+            return
+        folder = os.path.dirname(record)
+        try:
+            handle, staged = tempfile.mkstemp(prefix=f".{os.path.basename(record)}.", dir=folder)
+        except OSError as exc:
+            self.fail(f"cannot write the record {record}: {exc.strerror}")
+        try:
+            try:
+                os.fchmod(handle, 0o644)
+                os.write(handle, content.encode())
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+            os.replace(staged, record)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+            self.fail(f"cannot write the record {record}: {exc.strerror}")
 
     # ---- inputs ---------------------------------------------------------------------
 
@@ -1347,7 +1407,7 @@ class Whitelist:
         self.result["msg"] = (
             f"vLLM {self.result['vllm_version']} has no EAGLE-3 target whitelist; nothing to do"
         )
-        self.module.exit_json(**self.result)
+        self.exit()
 
     def apply(
         self, target: Target, src: Source, check: Check, state: str, types: list[str]
@@ -1696,6 +1756,7 @@ def main() -> None:
             "recompile": {"type": "bool", "default": False},
             "pycache_prefix": {"type": "path"},
             "lock_timeout": {"type": "int", "default": 60},
+            "record": {"type": "path"},
         },
         mutually_exclusive=[("model_types", "from_model")],
         required_if=[("state", "present", ("model_types", "from_model"), True)],

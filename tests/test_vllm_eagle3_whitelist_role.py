@@ -41,7 +41,7 @@ def test_role_patches_records_and_is_idempotent(ansible, setup) -> None:
     first = ansible.playbook(PLAYBOOK, extra)
     assert first.returncode == 0, first.stdout + first.stderr
     assert b'"mistral",  # specfleet' in vllm.source.read_bytes()
-    assert recap(first)["changed"] == 2  # the edit and its record
+    assert recap(first)["changed"] == 1  # the edit and its record, in one call
     edit = json.loads(record.read_text())
     assert edit["vllm_version"] == "0.21.0"
     assert edit["path"] == str(vllm.source)
@@ -55,7 +55,7 @@ def test_role_patches_records_and_is_idempotent(ansible, setup) -> None:
     third = ansible.playbook(PLAYBOOK, {**extra, "vllm_eagle3_patch_state": "absent"})
     assert third.returncode == 0, third.stdout + third.stderr
     assert vllm.source.read_bytes() == original
-    assert recap(third)["changed"] == 2
+    assert recap(third)["changed"] == 1
     assert json.loads(record.read_text()) != edit  # the removal reaches the server too
 
 
@@ -67,9 +67,51 @@ def test_another_vllm_rewrites_the_record_without_an_edit(ansible, setup, tmp_pa
     newer = FakeVllm(tmp_path / "vllm-newer", "0.32.0")
     switched = ansible.playbook(PLAYBOOK, {**extra, "vllm_eagle3_patch_python": str(newer.python)})
     assert switched.returncode == 0, switched.stdout + switched.stderr
-    assert recap(switched)["changed"] == 1  # the record only
+    assert recap(switched)["changed"] == 1  # the record only (the module reports it)
     record = json.loads(Path(str(extra["specfleet_whitelist_record"])).read_text())
     assert record["vllm_version"] == "0.32.0" and record["whitelist"] == "absent"
+
+
+def test_check_mode_reports_the_record_and_writes_nothing(ansible, setup) -> None:
+    vllm, extra = setup
+    original = vllm.source.read_bytes()
+    checked = ansible.playbook(PLAYBOOK, extra, "--check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert recap(checked)["changed"] == 1
+    assert not Path(str(extra["specfleet_whitelist_record"])).exists()
+    assert vllm.source.read_bytes() == original
+
+
+def test_the_record_keeps_the_bytes_the_role_wrote_before(ansible, setup, tmp_path) -> None:
+    """The record used to be written by a template of the module's result (to_nice_json
+    and a newline); the module writes the same bytes, so a host converged before keeps its
+    record and its server is not restarted by an upgrade of specfleet."""
+    vllm, extra = setup
+    assert ansible.playbook(PLAYBOOK, extra).returncode == 0
+    former = tmp_path / "former.json"
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "the module's result, without a record",
+                "vllm_eagle3_whitelist": {"python": str(vllm.python), "model_types": ["mistral"]},
+                "register": "found",
+            },
+            {
+                "name": "the record as the role's template wrote it",
+                "ansible.builtin.copy": {
+                    "dest": str(former),
+                    "content": "{{ {'vllm_version': found.vllm_version, 'path': found.path,"
+                    " 'whitelist': found.whitelist, 'entries': found.entries}"
+                    " | to_nice_json }}\n",
+                },
+            },
+        ],
+    }
+    rendered = ansible.playbook([play])
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    assert Path(str(extra["specfleet_whitelist_record"])).read_bytes() == former.read_bytes()
 
 
 def test_role_rejects_bad_variables(ansible, setup) -> None:
