@@ -44,7 +44,7 @@ options:
         default: present
       diff:
         description:
-          - V(false) leaves the file out of C(--diff) output (a secret): its path is still
+          - V(false) leaves the file out of C(--diff) output (a secret); its path is still
             listed in RV(changed_paths).
         type: bool
         default: true

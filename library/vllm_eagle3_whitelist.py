@@ -125,8 +125,8 @@ options:
         when it changes (specfleet's server checksums it) - the vLLM version, the file, the
         check's shape and its entries, nothing that depends on the time - rewritten
         atomically (root, 0644) only when that differs, so an edit or another vLLM (a new
-        venv) changes it and a re-run that finds the same does not. In the same call as the
-        edit: one round trip to the host on a re-run. Its folder must exist.
+        venv) changes it and a re-run that finds the same does not. Written in the same call
+        as the edit (one round trip to the host on a re-run). Its folder must exist.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes

@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +223,18 @@ def test_every_role_entry_point_is_checked_by_its_spec() -> None:
             f"tasks_from: {entry} of role {role} is not an entry point of its argument spec"
             f" ({', '.join(specs)}): Ansible would check none of its variables"
         )
+
+
+@pytest.mark.parametrize("module", sorted(MODULES_OF_OURS))
+def test_every_module_documents_itself(module: str) -> None:
+    """`ansible-doc <module>` is how operators read a module: its DOCUMENTATION must parse
+    (a ': ' inside a plain YAML scalar does not, and nothing else would notice)."""
+    run = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible-doc"), "-t", "module", "-j", module],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)[module]["doc"]["options"]

@@ -171,7 +171,7 @@ def test_backup_keeps_the_original(make_vllm) -> None:
     backup.unlink()
 
 
-def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm) -> None:
+def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) -> None:
     import ast
 
     import yaml
@@ -239,7 +239,9 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm) -> None:
     # RETURN documents every key the module returns (run it once to see them)
     returned = yaml.safe_load(blocks["RETURN"])
     assert set(returned) == set(rendered["return"])
-    result = make_vllm("0.21.0").run(model_types=["mistral"], backup=True, diff=True)
+    result = make_vllm("0.21.0").run(
+        model_types=["mistral"], backup=True, diff=True, record=str(tmp_path / "record.json")
+    )
     # AnsibleModule's own: file attributes it adds for a result holding "path", diff, changed
     common = {"changed", "invocation", "diff", "uid", "gid", "owner", "group", "mode"}
     common |= {"state", "size", "secontext"}

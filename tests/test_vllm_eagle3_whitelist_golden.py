@@ -42,7 +42,7 @@ GOLDEN: dict[str, str] = {
 }
 
 # Options added after the recording; the invocation echo lists them as null.
-NEW_OPTIONS = ("pycache_prefix",)
+NEW_OPTIONS = ("pycache_prefix", "record")
 
 
 def _normalise(value: object, root: str, tag: str) -> object:
