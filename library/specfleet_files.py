@@ -93,10 +93,18 @@ changed_paths:
   type: list
   elements: str
   returned: always
+checksums:
+  description: >-
+    For each file, the sha1 of its content after the call (in check mode, of the content it
+    would have), null for one that is absent: what C(ansible.builtin.stat) would report
+    next, without another round trip.
+  type: dict
+  returned: always
 """
 
 import difflib  # noqa: E402
 import grp  # noqa: E402
+import hashlib  # noqa: E402
 import os  # noqa: E402
 import pwd  # noqa: E402
 import shlex  # noqa: E402
@@ -251,7 +259,15 @@ def main() -> None:
     if len(set(paths)) != len(paths):
         module.fail_json(msg="a path is listed twice; nothing was changed")
     changed = [plan for plan in plans if plan["write"] or plan["chmod"] or plan["remove"]]
-    result = {"changed": bool(changed), "changed_paths": [plan["path"] for plan in changed]}
+    result = {
+        "changed": bool(changed),
+        "changed_paths": [plan["path"] for plan in changed],
+        # A change detector's checksum (stat's), not a security boundary.
+        "checksums": {
+            plan["path"]: hashlib.sha1(plan["content"]).hexdigest() if "content" in plan else None
+            for plan in plans
+        },
+    }
     # Only under --diff, as the template and copy modules: a file's text stays out of
     # results and logs otherwise (an environment file may hold a token; the option itself
     # is no_log, so the invocation Ansible echoes does not carry it either).

@@ -3,8 +3,9 @@
 
 Why a module: a role's re-run that changes nothing was a round trip per question (a ``stat``
 per path, a ``slurp`` per file, a ``getent`` per account, an ``apt`` run to learn that the
-packages are there, a ``systemctl show`` per unit). Over SSH each round trip is a Python
-start on the host; a no-op ``site.yml`` spent most of its time there. This module answers
+packages are there, a ``systemctl show`` per unit, a ``stat`` or ``find`` per checksum).
+Over SSH each round trip is a Python start on the host; a no-op ``site.yml`` spent most of
+its time there. This module answers
 all of one role's questions at once, and the role then acts only where the answer says
 something differs, with the same builtin modules as before.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: specfleet_inspect
-short_description: Paths, small files, accounts, packages and units, read in one call
+short_description: Paths, small files, checksums, accounts, packages and units, read in one call
 description:
   - Reads only; changes nothing.
 options:
@@ -55,6 +56,21 @@ options:
     description: Shell patterns whose matches are wanted (sorted, newest first).
     type: list
     elements: str
+    default: []
+  checksums:
+    description:
+      - Files whose sha1 is wanted (links followed), as C(ansible.builtin.stat) reports it; a
+        missing or unreadable one has none.
+    type: list
+    elements: path
+    default: []
+  checksum_folders:
+    description:
+      - Folders whose regular files (hidden ones too, links followed, as
+        C(ansible.builtin.find) with C(recurse), C(follow) and C(hidden)) are checksummed.
+      - A missing folder has no files.
+    type: list
+    elements: path
     default: []
 attributes:
   check_mode:
@@ -109,10 +125,20 @@ globs:
   description: For each of I(globs), its matches with their mtime, newest first.
   type: dict
   returned: always
+checksums:
+  description: For each of I(checksums), its sha1, or null when it is missing or unreadable.
+  type: dict
+  returned: always
+folder_checksums:
+  description: Every regular file of I(checksum_folders) with its sha1, sorted by path.
+  type: list
+  elements: dict
+  returned: always
 """
 
 import glob  # noqa: E402
 import grp  # noqa: E402
+import hashlib  # noqa: E402
 import os  # noqa: E402
 import pwd  # noqa: E402
 import stat  # noqa: E402
@@ -237,6 +263,27 @@ def _glob(pattern: str) -> list[dict]:
     return sorted(matches, key=lambda match: match["mtime"], reverse=True)
 
 
+def _sha1(path: str) -> str | None:
+    # stat's and find's checksum (a change detector, not a security boundary).
+    digest = hashlib.sha1()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _folder_files(folder: str) -> list[str]:
+    found = []
+    for parent, _, names in os.walk(folder, followlinks=True):
+        found.extend(
+            path for path in (os.path.join(parent, name) for name in names) if os.path.isfile(path)
+        )
+    return found
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -247,11 +294,14 @@ def main() -> None:
             "packages": {"type": "list", "elements": "str", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "globs": {"type": "list", "elements": "str", "default": []},
+            "checksums": {"type": "list", "elements": "path", "default": []},
+            "checksum_folders": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
     params = module.params
-    relative = [p for p in params["paths"] + params["read"] if not os.path.isabs(p)]
+    named = params["paths"] + params["read"] + params["checksums"] + params["checksum_folders"]
+    relative = [p for p in named if not os.path.isabs(p)]
     if relative:
         module.fail_json(msg=f"paths must be absolute: {', '.join(relative)}")
     module.exit_json(
@@ -263,6 +313,13 @@ def main() -> None:
         packages=_packages(module, params["packages"]),
         units=_units(module, params["units"]),
         globs={pattern: _glob(pattern) for pattern in params["globs"]},
+        checksums={path: _sha1(path) for path in params["checksums"]},
+        folder_checksums=[
+            {"path": path, "checksum": _sha1(path)}
+            for path in sorted(
+                path for folder in params["checksum_folders"] for path in _folder_files(folder)
+            )
+        ],
     )
 
 

@@ -8,6 +8,7 @@ upgrade of specfleet). And a bad file leaves every file as it was.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -182,3 +183,22 @@ def test_a_removal_waits_for_every_new_file(ansible: Ansible, tmp_path: Path):
 def test_content_is_required_unless_absent(ansible: Ansible, tmp_path: Path):
     result = run(ansible, [{"path": str(tmp_path / "x"), "mode": "0644"}])
     assert result["failed"] and "content is required unless state is absent" in result["msg"]
+
+
+def test_checksums_are_what_stat_reports_next(ansible: Ansible, tmp_path: Path):
+    """vllm_server's restart record takes its own files' checksums from this call (no stat
+    afterwards): they must be the files' sha1 as written, and in check mode as they would be."""
+    unit, gone = tmp_path / "server.service", tmp_path / "server.api-key"
+    gone.write_text("sk-old")
+    files = [
+        {"path": str(unit), "content": "[Service]\nExecStart=/bin/true\n", "mode": "0644"},
+        {"path": str(gone), "state": "absent"},
+    ]
+    checked = run(ansible, files, "--check")
+    sha1 = hashlib.sha1(b"[Service]\nExecStart=/bin/true\n").hexdigest()
+    assert checked["checksums"] == {str(unit): sha1, str(gone): None}
+    assert not unit.exists() and gone.exists()
+    written = run(ansible, files)
+    assert written["checksums"] == checked["checksums"]
+    assert hashlib.sha1(unit.read_bytes()).hexdigest() == sha1 and not gone.exists()
+    assert run(ansible, files)["checksums"] == checked["checksums"]

@@ -126,3 +126,81 @@ def test_globs_newest_first(ansible: Ansible, tmp_path: Path) -> None:
         str(tmp_path / "new" / "specfleet-stack.json"),
         str(tmp_path / "old" / "specfleet-stack.json"),
     ]
+
+
+# Checksums: the served record they feed must read the same as when ansible.builtin.stat
+# and find made it (else every server would restart once after an upgrade of specfleet).
+
+
+def _tree(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    unit = tmp_path / "specfleet-vllm.service"
+    unit.write_text("[Service]\n")
+    env = tmp_path / "vllm.env"
+    env.write_text("A=1\n")
+    published = tmp_path / "drafters" / "ab12"
+    (published / "sub").mkdir(parents=True)
+    (published / "config.json").write_text("{}")
+    (published / ".hidden").write_text("h")
+    (published / "sub" / "model.safetensors").write_bytes(b"\0" * 4096)
+    current = tmp_path / "drafters" / "current"
+    current.symlink_to(published)
+    record = tmp_path / "served.sha1"
+    record.write_text("# the record\n")
+    return [str(unit), str(env), str(tmp_path / "missing.key")], current, record
+
+
+def test_checksums_are_the_ones_stat_and_find_report(ansible: Ansible, tmp_path: Path) -> None:
+    files, current, record = _tree(tmp_path)
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "ours",
+                "specfleet_inspect": {
+                    "checksums": files,
+                    "checksum_folders": [str(current), str(tmp_path / "no-drafter")],
+                    "read": [str(record)],
+                },
+                "register": "ours",
+            },
+            {
+                "name": "stat",
+                "ansible.builtin.stat": {"path": "{{ item }}", "get_checksum": True},
+                "loop": files,
+                "register": "stats",
+            },
+            {
+                "name": "find",
+                "ansible.builtin.find": {
+                    "paths": str(current),
+                    "recurse": True,
+                    "follow": True,
+                    "hidden": True,
+                    "file_type": "file",
+                    "get_checksum": True,
+                },
+                "register": "found",
+            },
+            {
+                "name": "compare",
+                "ansible.builtin.assert": {
+                    "that": [
+                        "files | map('extract', ours.checksums) | map('default', 'absent', true)"
+                        " | list == stats.results | map(attribute='stat')"
+                        " | map(attribute='checksum', default='absent') | list",
+                        "ours.checksums.keys() | list == files",
+                        "ours.folder_checksums | map(attribute='path') | list"
+                        " == found.files | map(attribute='path') | sort | list",
+                        "ours.folder_checksums | map(attribute='checksum') | list == found.files"
+                        " | sort(attribute='path') | map(attribute='checksum') | list",
+                        "ours.folder_checksums | length == 3",
+                        "ours.read[record] == '# the record\\n'",
+                        "ours is not changed",
+                    ]
+                },
+            },
+        ],
+    }
+    run = ansible.playbook([play], {"files": files, "record": str(record)})
+    assert run.returncode == 0, run.stdout + run.stderr
