@@ -5,9 +5,8 @@ Why a module: a role's re-run that changes nothing was a round trip per question
 per path, a ``slurp`` per file, a ``getent`` per account, an ``apt`` run to learn that the
 packages are there, a ``systemctl show`` per unit, a ``stat`` or ``find`` per checksum).
 Over SSH each round trip is a Python start on the host; a no-op ``site.yml`` spent most of
-its time there. This module answers
-all of one role's questions at once, and the role then acts only where the answer says
-something differs, with the same builtin modules as before.
+its time there. This module answers all of one role's questions at once, and the role then
+acts only where the answer says something differs, with the same builtin modules as before.
 """
 
 from __future__ import annotations
