@@ -237,6 +237,18 @@ def test_argument_spec_rejects(ansible, extra, message):
     assert "Create the service" not in out
 
 
+@pytest.mark.parametrize("entry_point", ["prepare", "restart", "gate"])
+def test_argument_spec_rejects_at_the_entry_points_of_a_fleet(ansible, entry_point):
+    """site.yml, upgrade.yml and train_drafter.yml enter the role at these files. Named
+    `prepare.yml`, Ansible checked no variable there and a value of the wrong type went on."""
+    extra = {"vllm_server_dtype": "fp4"}
+    result = ansible.playbook(_role_play(entry_point), extra, "--check")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert f"Validating arguments against arg spec '{entry_point}'" in out
+    assert "Validation of arguments failed" in out and "vllm_server_dtype" in out
+
+
 def _drafter(tmp_path: Path, config: dict | None) -> Path:
     drafter = tmp_path / "drafter"
     drafter.mkdir()
