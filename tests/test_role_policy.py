@@ -126,7 +126,8 @@ def test_profile_vars_for_every_profile(role: str) -> None:
     names = {p: frozenset(load(ROOT / "roles" / role / "vars" / f"{p}.yml")) for p in PROFILES}
     assert len(set(names.values())) == 1, f"{role}: profiles set different names: {names}"
     tasks = "".join(p.read_text() for p in (ROOT / "roles" / role / "tasks").glob("*.yml"))
-    assert 'include_vars: "{{ specfleet_accelerator }}.yml"' in tasks, f"{role} never loads them"
+    loads = 'include_vars: "{{ specfleet_accelerator | profile_vars_file(role_path) }}"'
+    assert loads in tasks, f"{role} never loads them (or not through profile_vars_file)"
 
 
 def test_profiles_are_one_list() -> None:

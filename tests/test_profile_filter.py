@@ -1,0 +1,34 @@
+"""filter_plugins/profile.py: a role's profile vars file, or a message naming the setting."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "specfleet_profile_filter", ROOT / "filter_plugins" / "profile.py"
+)
+assert _spec and _spec.loader
+profile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(profile)
+
+ML_STACK = ROOT / "roles" / "ml_stack"
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda"])
+def test_a_profile_is_its_vars_file(name: str) -> None:
+    assert profile.profile_vars_file(name, str(ML_STACK)) == str(ML_STACK / "vars" / f"{name}.yml")
+
+
+@pytest.mark.parametrize("name", ["tpu", "main", "../defaults/main", ".hidden", ""])
+def test_anything_else_names_the_setting_and_the_profiles(name: str) -> None:
+    with pytest.raises(AnsibleFilterError) as error:
+        profile.profile_vars_file(name, str(ML_STACK))
+    assert str(error.value) == (
+        f"specfleet_accelerator is {name!r}, which is not a profile of role ml_stack "
+        "(its profiles: cpu, cuda). Nothing was changed."
+    )
