@@ -76,6 +76,15 @@ def check(ansible, servers: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+def test_a_bad_setting_is_refused_with_the_rules(ansible):
+    tasks = [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}]
+    result = as_balancer(ansible, THREE_SERVERS, tasks, loadbalancer_port=70000)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "the group gpu_hosts must have hosts (has 3); port 1-65535" in output
+    assert "Nothing was changed." in output
+
+
 def test_a_server_address_made_from_facts_not_gathered_is_refused(ansible):
     # upgrade.yml once rendered every server at 127.0.0.1 this way: all DOWN, all 503.
     code, output = check(
