@@ -8,12 +8,14 @@ change the result), each test in its own temporary Ansible folders.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,6 +24,18 @@ import yaml
 from specfleet.paths import repo_root
 
 ROOT = repo_root()
+
+
+def load_plugin(relative: str, name: str) -> ModuleType:
+    """A plugin file of the project (``filter_plugins/lab.py``) as a module of its own, for
+    tests that call its functions directly."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 BIN = Path(sys.executable).parent
 
 

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from ansible.errors import AnsibleFilterError
-from conftest import ROOT
+from conftest import load_plugin
 
-_spec = importlib.util.spec_from_file_location(
-    "specfleet_lab_filter", ROOT / "filter_plugins" / "lab.py"
-)
-assert _spec and _spec.loader
-_lab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_lab)
+_lab = load_plugin("filter_plugins/lab.py", "specfleet_lab_filter")
 problems = _lab.lab_address_problems
 
 SUBNET = "172.30.240.0/24"

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
 from specfleet.paths import repo_root
 from specfleet.stacklock import StackLock
 
-_spec = importlib.util.spec_from_file_location(
-    "ml_stack_filters", repo_root() / "filter_plugins" / "ml_stack.py"
-)
-assert _spec and _spec.loader
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
+filters = load_plugin("filter_plugins/ml_stack.py", "ml_stack_filters")
 
 H100_VENV = {"torch": "2.8.0+cu128", "cuda": "12.8", "cxx11abi": True, "python": "cp312"}
 RELEASE_WHEEL = "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"

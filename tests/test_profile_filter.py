@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import ROOT, load_plugin
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "specfleet_profile_filter", ROOT / "filter_plugins" / "profile.py"
-)
-assert _spec and _spec.loader
-profile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(profile)
+profile = load_plugin("filter_plugins/profile.py", "specfleet_profile_filter")
 
 ML_STACK = ROOT / "roles" / "ml_stack"
 

@@ -7,24 +7,19 @@ These run in the controller venv without torch; the conversion itself runs on a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zipfile
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
 from specfleet import docprompts, drafter_init, ggufmodel
 from specfleet.drafter.stages import heldout_groups
 from specfleet.paths import repo_root
 
-_spec = importlib.util.spec_from_file_location(
-    "ml_stack_filters", repo_root() / "filter_plugins" / "ml_stack.py"
-)
-assert _spec and _spec.loader
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
+filters = load_plugin("filter_plugins/ml_stack.py", "ml_stack_filters")
 
 SMOLLM2_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

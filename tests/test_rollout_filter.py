@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from ansible.errors import AnsibleFilterError
-from conftest import ROOT
+from conftest import load_plugin
 
-_spec = importlib.util.spec_from_file_location(
-    "specfleet_rollout_filter", ROOT / "filter_plugins" / "rollout.py"
-)
-assert _spec and _spec.loader
-rollout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rollout)
+rollout = load_plugin("filter_plugins/rollout.py", "specfleet_rollout_filter")
 
 
 def test_each_step_lasts_until_the_next_one_starts_in_time_order() -> None:

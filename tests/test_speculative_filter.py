@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from conftest import ROOT
+from conftest import ROOT, load_plugin
 
 PLUGIN = ROOT / "filter_plugins" / "speculative.py"
 
-_spec = importlib.util.spec_from_file_location("specfleet_speculative_filter", PLUGIN)
-assert _spec and _spec.loader
-speculative = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(speculative)
+speculative = load_plugin("filter_plugins/speculative.py", "specfleet_speculative_filter")
 speculative_config = speculative.speculative_config
 
 BASE = {"method": "eagle3", "model": "/srv/drafter", "num_speculative_tokens": 3}

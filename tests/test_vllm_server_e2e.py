@@ -11,7 +11,6 @@ group, within the test's time bounds.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -25,17 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import load_plugin
 from stack_venv import generate_tiny_models, stack_python
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "specfleet_speculative_filter_e2e", ROOT / "filter_plugins" / "speculative.py"
-)
-assert _spec and _spec.loader
-_filter = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_filter)
+_filter = load_plugin("filter_plugins/speculative.py", "specfleet_speculative_filter_e2e")
 speculative_config = _filter.speculative_config
 
 HEALTH_TIMEOUT_S = 300
