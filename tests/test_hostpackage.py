@@ -23,7 +23,7 @@ SRC = ROOT / "src"
 #: stack venv's packages.
 STACK_PACKAGES = {
     "torch", "vllm", "transformers", "tokenizers", "safetensors", "speculators", "datasets",
-    "matplotlib", "numpy", "prometheus_client",
+    "matplotlib", "numpy", "prometheus_client", "fastapi", "starlette",
 }  # fmt: skip
 
 

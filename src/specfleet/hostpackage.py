@@ -30,6 +30,7 @@ HOST_MODULES: tuple[str, ...] = (
     "specfleet/metrics.py",
     "specfleet/gate.py",
     "specfleet/serve.py",
+    "specfleet/routes.py",
     "specfleet/drafter_store.py",
     "specfleet/tinymodels.py",
     "specfleet/ggufmodel.py",
