@@ -79,8 +79,8 @@ EXAMPLES = r"""
         mode: "0600"
       # A secret: written when set, removed when not, never shown by --diff.
       - path: /etc/specfleet/specfleet-vllm.api-key
-        content: "{{ vllm_server_api_key }}"
-        state: "{{ 'present' if vllm_server_api_key | length > 0 else 'absent' }}"
+        content: "{{ specfleet_server_api_key }}"
+        state: "{{ 'present' if specfleet_server_api_key | length > 0 else 'absent' }}"
         diff: false
         mode: "0440"
 """

@@ -47,7 +47,7 @@ options:
     elements: str
     default: []
   units:
-    description: systemd units whose ActiveState, UnitFileState and NeedDaemonReload are wanted.
+    description: systemd units whose ActiveState, SubState, UnitFileState, NeedDaemonReload and MainPID are wanted.
     type: list
     elements: str
     default: []
@@ -116,8 +116,8 @@ packages:
   returned: always
 units:
   description: >-
-    For each of I(units), ActiveState, UnitFileState and NeedDaemonReload as
-    C(systemctl show) reports them (empty strings when systemd does not answer).
+    For each of I(units), ActiveState, SubState, UnitFileState, NeedDaemonReload and
+    MainPID as C(systemctl show) reports them (empty strings when systemd does not answer).
   type: dict
   returned: always
 globs:
@@ -145,7 +145,7 @@ import stat  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 READ_LIMIT = 1 << 20
-UNIT_PROPERTIES = ("ActiveState", "UnitFileState", "NeedDaemonReload")
+UNIT_PROPERTIES = ("ActiveState", "SubState", "UnitFileState", "NeedDaemonReload", "MainPID")
 
 
 def _path(path: str) -> dict:

@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -202,3 +202,35 @@ def systemd_verify(folder: Path, name: str, unit: str, needs: Sequence[str] = ()
     [overall] = [line for line in security.stdout.splitlines() if "Overall exposure" in line]
     print(f"{name}: {overall.strip()}")
     return float(overall.split("service:")[1].split()[0])
+
+
+@pytest.fixture(scope="session")
+def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A lab of the tests' own (one server, cli-lab-01, behind its balancer, cli-lab-lb, on a
+    network of their own), brought up once with `specfleet lab up --json` as `bin/lab` runs
+    it, shared by the modules that need a running lab, and removed at the end (`lab down`
+    must leave no container)."""
+    from labs import containers, lab_inventory_with, specfleet_json
+
+    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242")
+    try:
+        rc, up = specfleet_json("lab", "up", "-i", str(inventory))
+        assert rc == 0, up
+        yield inventory, up
+    finally:
+        rc, down = specfleet_json("lab", "down", "-i", str(inventory))
+        assert rc == 0, down
+        assert not containers("cli-lab-")
+
+
+@pytest.fixture(scope="session")
+def lab_under_test(request: pytest.FixtureRequest) -> Any:
+    """The lab the front door's tests attack: SPECFLEET_TEST_LAB's inventory when it names a
+    running lab (left running), else the tests' own (cli_lab)."""
+    from labs import LabUnderTest
+
+    named = os.environ.get("SPECFLEET_TEST_LAB")
+    if named:
+        return LabUnderTest(Path(named).resolve())
+    inventory, _ = request.getfixturevalue("cli_lab")
+    return LabUnderTest(inventory)

@@ -50,3 +50,43 @@ def containers(prefix: str) -> list[str]:
         ["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True
     ).stdout.split()
     return [name for name in names if name.startswith(prefix)]
+
+
+class LabUnderTest:
+    """A running lab as the tests see it: its inventory, its hosts' variables (as written,
+    not templated), its balancer and servers, and a way to run a command in a host."""
+
+    def __init__(self, inventory: Path) -> None:
+        self.inventory = inventory
+        listing = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-inventory"),
+                "-i",
+                str(inventory),
+                "--list",
+            ],
+            cwd=repo_root(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        data = json.loads(listing.stdout)
+        self.hostvars: dict[str, dict[str, Any]] = data["_meta"]["hostvars"]
+        self.balancer: str = data["loadbalancers"]["hosts"][0]
+        self.servers: list[str] = sorted(data["lab_servers"]["hosts"])
+        self.variables: dict[str, Any] = self.hostvars[self.servers[0]]
+
+    def address(self, host: str) -> str:
+        return str(self.hostvars[host]["ansible_host"])
+
+    def exec(self, host: str, argv: list[str], timeout: float = 300) -> str:
+        """``argv`` run as root in the lab host's container; its standard output."""
+        run = subprocess.run(
+            ["docker", "exec", host, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert run.returncode == 0, f"{host}: {argv}: {run.stdout}{run.stderr}"
+        return run.stdout

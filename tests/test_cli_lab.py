@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from labs import containers, lab_inventory_with, specfleet_json
+from labs import containers, specfleet_json
 
 from specfleet.paths import repo_root
 
@@ -30,16 +29,9 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242")
-    try:
-        rc, up = specfleet_json("lab", "up", "-i", str(inventory))
-        assert rc == 0, up
-        yield inventory, up
-    finally:
-        rc, down = specfleet_json("lab", "down", "-i", str(inventory))
-        assert rc == 0, down
-        assert not containers("cli-lab-")
+def lab(cli_lab: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    """The tests' lab (conftest.cli_lab), shared with tests/test_front_door.py."""
+    return cli_lab
 
 
 def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -394,8 +395,9 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
         tmp_path / "hosts.yml",
         {
             # An SSH address: the containers are named after the inventory hosts.
-            "lab-x": {"ansible_host": "192.0.2.7", "vllm_server_api_key": "lab-key"},
-            "lb": {},
+            "lab-x": {"ansible_host": "192.0.2.7", "specfleet_server_api_key": "lab-key"},
+            # The front door's client key (the fake server checks the same value).
+            "lb": {"lab_client_api_key": "lab-key"},
         },
     )
     status = {
@@ -414,6 +416,7 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
             "reachable": True,
             "port": server.server_address[1],
             "tls": False,
+            "address": "127.0.0.1",
         }
         if through_balancer
         else None,
@@ -448,10 +451,17 @@ def test_lab_up_sends_a_completion_and_reads_the_counters_it_moved(
         "draft_tokens": 12,
         "accepted_tokens": 7,
         "mean_acceptance_length": 2.75,
+        "curl": completion["curl"],
     }
-    # Counters read in the server's container, the request sent from the entry's.
-    entry = "lb" if through_balancer else "lab-x"
-    assert containers == ["lab-x", entry, "lab-x"]
+    # Counters read in the server's container; the request sent from here to the door (a
+    # line to paste says the same), or from inside the server's container without one.
+    assert containers == (["lab-x", "lab-x"] if through_balancer else ["lab-x"] * 3)
+    if through_balancer:
+        words = shlex.split(completion["curl"])
+        assert words[:3] == ["curl", "-sk", f"{url}/v1/completions"]
+        assert "Authorization: Bearer lab-key" in words
+    else:
+        assert completion["curl"] is None
     assert lab["servers"] == [
         {"host": "lab-x", "endpoint": url, "model": "tiny", "drafter": "9f86d081884c",
          "health": "ok"}

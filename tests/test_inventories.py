@@ -67,8 +67,8 @@ def test_example_fleet_reads_its_api_key_from_the_vault():
     )
     node = data["_meta"]["hostvars"]["gpu-node-01"]
     assert node["specfleet_accelerator"] == "cuda"
-    assert node["vllm_server_api_key"] == "{{ vault_vllm_server_api_key }}"
-    assert node["vault_vllm_server_api_key"] == "sk-example-not-a-real-key"
-    vault = (ROOT / "inventory/example/group_vars/gpu_hosts/vault.yml").read_text()
+    assert node["specfleet_server_api_key"] == "{{ vault_specfleet_server_api_key }}"
+    assert node["vault_specfleet_server_api_key"] == "sk-example-not-a-real-key"
+    vault = (ROOT / "inventory/example/group_vars/all/vault.yml").read_text()
     assert vault.startswith("$ANSIBLE_VAULT;1.1;AES256")
     assert "sk-example" not in vault

@@ -1,14 +1,21 @@
 """Role loadbalancer: HAProxy's configuration rendered by Ansible for a fleet of three.
 
-HAProxy itself checks it in the fleet scenario (the template's `haproxy -c` validation) and
-serves through it under load; here the settings a rolling restart relies on are read off
-the rendered file: health checks, retries on another server, slowstart, the root-only admin
-socket, TLS when a certificate is named, one server line per host at its own address.
+HAProxy itself checks it in the lab and the fleet scenario (the template's `haproxy -c`
+validation) and serves through it under load, and tests/test_front_door.py attacks its front
+door; here the settings a rolling restart relies on are read off the rendered file (health
+checks, retries on another server, slowstart, the root-only admin socket, TLS when a
+certificate is named, one server line per host at its own address), the front door's rules
+and maps, and the checks that refuse bad keys and routes before anything changes.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from conftest import ROOT, role_vars_files
+
+KEY = hashlib.sha256(b"sf-test-key").hexdigest()
+KEYS = [{"name": "team-a", "sha256": KEY}]
 
 ROLE = ROOT / "roles" / "loadbalancer"
 
@@ -35,7 +42,9 @@ def as_balancer(ansible, servers: str, tasks: list, **extra):
         "vars_files": role_vars_files("loadbalancer", profile=False),
         "tasks": tasks,
     }
-    return ansible.playbook([play], extra, inventory=str(inventory))
+    return ansible.playbook(
+        [play], {"loadbalancer_api_keys": KEYS} | extra, inventory=str(inventory)
+    )
 
 
 def render(ansible, **extra) -> list[str]:
@@ -69,20 +78,110 @@ def test_tls_on_the_front_door_when_a_certificate_is_named(ansible):
     assert "bind 0.0.0.0:8080 ssl crt /etc/haproxy/vllm.pem" in lines
 
 
-def check(ansible, servers: str) -> tuple[int, str]:
+def check(ansible, servers: str = THREE_SERVERS, **extra) -> tuple[int, str]:
     """Run the role's checks (tasks/check.yml) as the balancer of ``servers``."""
     tasks = [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}]
-    result = as_balancer(ansible, servers, tasks)
+    result = as_balancer(ansible, servers, tasks, **extra)
     return result.returncode, result.stdout + result.stderr
 
 
 def test_a_bad_setting_is_refused_with_the_rules(ansible):
-    tasks = [{"ansible.builtin.import_tasks": str(ROLE / "tasks" / "check.yml")}]
-    result = as_balancer(ansible, THREE_SERVERS, tasks, loadbalancer_port=70000)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert "the group gpu_hosts must have hosts (has 3); port 1-65535" in output
+    code, output = check(ansible, loadbalancer_port=70000)
+    assert code != 0, output
+    assert "The ports must be 1-65535." in output
     assert "Nothing was changed." in output
+
+
+def test_the_front_door_rules_and_maps(ansible):
+    lines = render(ansible, loadbalancer_extra_routes=[{"method": "POST", "path": "/v1/responses"}])
+    routes = next(line for line in lines if line.startswith("acl specfleet_route_allowed"))
+    assert routes == (
+        'acl specfleet_route_allowed var(txn.route) -m str "POST /v1/completions"'
+        ' "POST /v1/chat/completions" "GET /v1/models" "POST /v1/responses"'
+    )
+    text = "\n".join(lines)
+    # The key is looked up by its hash, the route matched as written, every refusal
+    # counted and answered at the door, the client's key never forwarded.
+    assert (
+        "http_auth_bearer,sha2(256),hex,lower,map_str(/etc/haproxy/specfleet-client-keys.map)"
+        in text
+    )
+    assert 'set-var-fmt(txn.route) "%[method] %[path]"' in text
+    assert "track-sc1 var(txn.refused) table specfleet_refusals if specfleet_refused" in text
+    assert "http-request del-header Authorization" in text
+    assert "req.hdr_val(content-length) gt 4194304" in text
+    # vLLM's /health is not forwarded: the door answers its own.
+    assert "http-request return status 200" in text and "{ path /health }" in text
+    # No metrics listener unless monitoring addresses are named.
+    assert "frontend metrics" not in text
+    with_metrics = render(ansible, loadbalancer_monitoring_clients=["10.0.0.9"])
+    assert "tcp-request connection reject unless { src 10.0.0.9 }" in with_metrics
+    assert "use_backend metrics_gpu-2 if { path /servers/gpu-2/metrics }" in with_metrics
+
+
+def maps(ansible, **extra) -> dict[str, str]:
+    """The front door's maps as the role writes them."""
+    out = ansible.tmp_path / "maps.json"
+    tasks = [
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ __loadbalancer_maps | to_json }}",
+                "dest": str(out),
+                "mode": "0600",
+            }
+        }
+    ]
+    result = as_balancer(ansible, THREE_SERVERS, tasks, **extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+
+    return {item["path"].rsplit("/", 1)[1]: item["content"] for item in json.loads(out.read_text())}
+
+
+def test_the_maps_hold_hashes_names_and_rates_never_a_client_key(ansible):
+    keys = [*KEYS, {"name": "batch", "sha256": KEY.upper()[:-1] + "F", "requests_per_minute": 60}]
+    written = maps(ansible, loadbalancer_api_keys=keys, specfleet_server_api_key="sk-server.1~")
+    entries = {name: content.splitlines()[1:] for name, content in written.items()}
+    assert entries["specfleet-client-keys.map"] == [f"{KEY} team-a", f"{KEY[:-1].lower()}f batch"]
+    assert entries["specfleet-key-rates.map"] == ["batch 60"]
+    assert entries["specfleet-server-key.map"] == ["server sk-server.1~"]
+    # Each starts with a comment that says what it holds (HAProxy skips it).
+    assert all(content.startswith("# ") for content in written.values())
+    assert maps(ansible)["specfleet-server-key.map"].splitlines()[1:] == []
+
+
+def test_bad_keys_and_routes_are_refused_before_anything_changes(ansible):
+    for extra, message in [
+        ({"loadbalancer_api_keys": []}, "loadbalancer_api_keys is empty"),
+        (
+            {"loadbalancer_api_keys": [{"name": "a", "sha256": "sk-the-key-itself"}]},
+            'sha256 "sk-the-key-itself", which is not 64 hex digits',
+        ),
+        ({"loadbalancer_api_keys": [{"name": "a b", "sha256": KEY}]}, 'The key name "a b"'),
+        (
+            {"loadbalancer_api_keys": [*KEYS, {"name": "team-a", "sha256": "0" * 64}]},
+            "Key names repeat",
+        ),
+        ({"loadbalancer_api_keys": [*KEYS, {"name": "b", "sha256": KEY}]}, "the same sha256"),
+        (
+            {"loadbalancer_extra_routes": [{"method": "POST", "path": "/%69nvocations"}]},
+            'The route path "/%69nvocations" is not a plain absolute path',
+        ),
+        (
+            {"loadbalancer_extra_routes": [{"method": "GET", "path": "/v1/../metrics"}]},
+            'The route path "/v1/../metrics"',
+        ),
+        (
+            {"specfleet_server_api_key": "two words"},
+            "specfleet_server_api_key must be a bearer token",
+        ),
+        (
+            {"vllm_server_api_key": "old"},
+            "vllm_server_api_key was renamed specfleet_server_api_key",
+        ),
+    ]:
+        code, output = check(ansible, **extra)
+        assert code != 0 and message in output and "Nothing was changed." in output, (extra, output)
 
 
 def test_a_server_address_made_from_facts_not_gathered_is_refused(ansible):

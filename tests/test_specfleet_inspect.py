@@ -110,7 +110,7 @@ def test_units_read_as_systemd_has_them_or_empty_without_it(ansible: Ansible) ->
     # empty; the Molecule scenarios read real units (vllm_server, loadbalancer).
     result = inspect(ansible, units=["no-such-unit-sf.service"])
     state = result["units"]["no-such-unit-sf.service"]
-    assert set(state) == {"ActiveState", "UnitFileState", "NeedDaemonReload"}
+    assert set(state) == {"ActiveState", "SubState", "UnitFileState", "NeedDaemonReload", "MainPID"}
     assert state["ActiveState"] in ("", "inactive")
 
 

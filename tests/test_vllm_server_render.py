@@ -90,7 +90,7 @@ def test_unit_with_defaults_cuda(ansible):
         "WorkingDirectory=/var/lib/specfleet/vllm",
         "Environment=HOME=/var/lib/specfleet/vllm",
         "Environment=PYTHONPATH=/opt/specfleet/lib/current",
-        "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters",
+        "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters -/run/lock",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
         "DevicePolicy=closed",
         "DeviceAllow=char-nvidia rw",
@@ -138,7 +138,7 @@ def test_unit_profile_cpu(ansible):
 def test_env_file(ansible):
     _, env = render(
         ansible,
-        vllm_server_api_key='s3cr"et\\x',
+        specfleet_server_api_key='s3cr"et\\x',
         vllm_server_environment={"VLLM_LOGGING_LEVEL": "DEBUG"},
     )
     lines = env.splitlines()
@@ -148,7 +148,7 @@ def test_env_file(ansible):
 
 
 def test_the_key_is_in_its_own_file(ansible):
-    unit, env = render(ansible, vllm_server_api_key="sk-x")
+    unit, env = render(ansible, specfleet_server_api_key="sk-x")
     key_file = "Environment=SPECFLEET_API_KEY_FILE=/etc/specfleet/specfleet-vllm.api-key"
     assert key_file in unit.splitlines()
     assert "sk-x" not in unit and "sk-x" not in env

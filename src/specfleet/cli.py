@@ -4,6 +4,8 @@
   upgrade     roll the fleet to a stack lock (playbooks/upgrade.yml, --lock NAME)
   train       train an EAGLE-3 drafter and publish it (playbooks/train_drafter.yml)
   status      what each serving host runs, read only (playbooks/status.yml)
+  frontdoor   give the balancers the inventory's client keys and routes (playbooks/frontdoor.yml)
+  key new     make a client key for the front door, and its inventory entry
   lab         the local lab: up, down, status
 
 Playbooks run through ansible-runner with ansible-playbook's options (-i, -l, -e, --check,
@@ -29,6 +31,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
+from specfleet.clientkeys import new_key
 from specfleet.image import ensure_image
 from specfleet.lab import lab_down, lab_up
 from specfleet.paths import repo_root
@@ -71,6 +74,11 @@ def _train(session: Session, args: argparse.Namespace, view: View) -> Details:
     return {}
 
 
+def _frontdoor(session: Session, args: argparse.Namespace, view: View) -> Details:
+    session.run("frontdoor.yml")
+    return {}
+
+
 def _status(session: Session, args: argparse.Namespace, view: View) -> Details:
     return {"status": fleet_status(session.run("status.yml"))}
 
@@ -95,6 +103,7 @@ JOBS: dict[str, Job] = {
     "upgrade": Job(_upgrade, {None: ("upgrade.yml",)}),
     "train": Job(_train, {None: ("train_drafter.yml",)}),
     "status": Job(_status, {None: ("status.yml",)}),
+    "frontdoor": Job(_frontdoor, {None: ("frontdoor.yml",)}),
     "lab": Job(
         _lab,
         {
@@ -244,6 +253,29 @@ def _cmd_wheelhouse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_key(args: argparse.Namespace) -> int:
+    try:
+        made = new_key(args.name)
+    except BadInput as error:
+        if args.json:
+            print(
+                json.dumps(
+                    {"result": "bad_input", "rc": int(ExitCode.BAD_INPUT), "error": str(error)}
+                )
+            )
+        else:
+            print(f"specfleet key: {error}", file=sys.stderr)
+        return int(ExitCode.BAD_INPUT)
+    if args.json:
+        document = {"result": "ok", "rc": 0, "name": made.name, "key": made.key}
+        print(json.dumps(document | {"sha256": made.sha256, "entry": made.entry()}, indent=2))
+        return 0
+    print(f"key (give it to the client; it is not kept anywhere): {made.key}")
+    print("add to the inventory's loadbalancer_api_keys, then run `specfleet frontdoor`:")
+    print(f"  - name: {made.name}\n    sha256: {made.sha256}")
+    return 0
+
+
 # ----------------------------------------------------------------- parser
 def _output_options() -> argparse.ArgumentParser:
     parent = _Parser(add_help=False)
@@ -324,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "status", parents=parents, help="what each serving host runs, read only", **epilog
     )
+    commands.add_parser(
+        "frontdoor",
+        parents=parents,
+        help="give the balancers the client keys and routes (frontdoor.yml)",
+        **epilog,
+    )
     lab = commands.add_parser(
         "lab",
         parents=[_ansible_options(limit=False), _output_options()],
@@ -331,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
         **epilog,
     )
     lab.add_argument("action", choices=["up", "down", "status"])
+
+    key = commands.add_parser("key", help="make a client key for the front door")
+    key.add_argument("action", choices=["new"])
+    key.add_argument("name", help="what the balancer's log shows for it, e.g. team-search")
+    key.add_argument("--json", action="store_true", help="print one JSON document")
+    key.set_defaults(func=_cmd_key)
 
     image = commands.add_parser("image", help="build or reuse the Debian 12 systemd host image")
     image.add_argument("--rebuild", action="store_true", help="rebuild even when cached")

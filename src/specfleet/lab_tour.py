@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -27,12 +28,14 @@ NEXT_COMMANDS = (
     "specfleet lab down               # remove the lab",
 )
 
-# Lab hosts are containers on this machine; their servers admit only their
-# balancer (IPAddressAllow=), and the balancer is the lab's door. So the
-# request is sent from inside a lab container with `docker exec`: a fraction
-# of a second, where an ad-hoc Ansible call costs seconds of startup and
-# would carry the API key in its module arguments (event data, the log). The
-# key goes over standard input, never on a command line.
+# Lab hosts are containers on this machine, on a network it reaches. With a
+# balancer the request goes from here to its front door, as a user's would,
+# with the lab's client key. Without one the server admits only its own host
+# (IPAddressAllow=), so the request is sent from inside its container with
+# `docker exec`: a fraction of a second, where an ad-hoc Ansible call costs
+# seconds of startup and would carry the API key in its module arguments
+# (event data, the log). Either way the key goes over standard input, never
+# on a command line.
 _COMPLETE = """\
 import json, ssl, sys, urllib.request
 url, model, prompt, max_tokens = sys.argv[1:5]
@@ -178,17 +181,23 @@ def _complete(
     hostvars = _hostvars(options)
     # playbooks/lab.yml names each container after its inventory host.
     first = next(iter(servers))
+    model = str(servers[first]["model"])
+    request = ["-c", _COMPLETE]
     if balancer and balancer.get("reachable"):
+        # The front door, from here: the address and client key a user of the lab has.
         via = str(balancer["host"])
         scheme = "https" if balancer.get("tls") else "http"
-        url = f"{scheme}://127.0.0.1:{balancer.get('port')}"
+        url = f"{scheme}://{balancer.get('address') or via}:{balancer.get('port')}"
+        api_key = str((hostvars.get(via) or {}).get("lab_client_api_key") or "")
+        send: ExecIn = run_here
+        argv = [sys.executable, *request]
     else:
+        # No balancer: the server admits only its own host, so ask from inside it.
         via, url = first, str(servers[first]["endpoint"])
+        api_key = str((hostvars.get(first) or {}).get("specfleet_server_api_key") or "")
+        send, argv = exec_in, ["python3", *request]
     before = {h: _counters(exec_in, h, row) for h, row in servers.items()}
-    model = str(servers[first]["model"])
-    request = ["python3", "-c", _COMPLETE, url, model, PROMPT, str(MAX_TOKENS)]
-    api_key = str((hostvars.get(first) or {}).get("vllm_server_api_key") or "")
-    answer = json.loads(exec_in(via, request, api_key, 330))
+    answer = json.loads(send(via, [*argv, url, model, PROMPT, str(MAX_TOKENS)], api_key, 330))
     after = {h: _counters(exec_in, h, row) for h, row in servers.items()}
     moved = {
         name: int(sum(after[host][name] - before[host][name] for host in servers))
@@ -207,4 +216,24 @@ def _complete(
         "draft_tokens": moved[metrics.DRAFT_TOKENS],
         "accepted_tokens": accepted,
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+        "curl": curl_line(url, model, api_key) if send is run_here else None,
     }
+
+
+def curl_line(url: str, model: str, api_key: str) -> str:
+    """The same request as a command to paste (-k: the lab's certificate is self-signed)."""
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS})
+    words = ["curl", "-sk", f"{url}/v1/completions", "-H", "Content-Type: application/json"]
+    if api_key:
+        words += ["-H", f"Authorization: Bearer {api_key}"]
+    return shlex.join([*words, "-d", body])
+
+
+def run_here(_host: str, argv: list[str], stdin: str = "", timeout: float = 330) -> str:
+    """``argv`` on this machine (the controller reaches the lab's front door)."""
+    result = subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if result.returncode != 0:
+        raise TourError(f"{' '.join(argv[:2])}: {(result.stderr or result.stdout).strip()}")
+    return result.stdout

@@ -72,6 +72,9 @@ def render_tour(console: Console, lab: Mapping[str, Any]) -> None:
             markup=False,
             highlight=False,
         )
+        if completion.get("curl"):
+            console.print("  the same from your shell:", markup=False, highlight=False)
+            console.print(f"  {completion['curl']}", markup=False, highlight=False, soft_wrap=True)
     console.print("Next:")
     comments = [command.partition("#")[2].strip() for command in NEXT_COMMANDS]
     for command, comment in zip(lab.get("next", []), comments, strict=False):

@@ -121,4 +121,14 @@ def status_table(status: Mapping[str, Any]) -> Table:
         table.add_row(host, *cells)
     if not status.get("servers"):
         table.caption = "no serving hosts (the inventory's gpu_hosts group is empty)"
+    elif balancer and balancer.get("reachable"):
+        table.caption = _refusals(balancer.get("refusals") or {})
     return table
+
+
+def _refusals(counts: Mapping[str, int]) -> str:
+    """What the front door refused since HAProxy started, by reason."""
+    if not counts:
+        return "front door: nothing refused since the balancer started"
+    by_reason = ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
+    return f"front door refused, since the balancer started: {by_reason}"
