@@ -58,7 +58,7 @@ def test_the_job_has_its_own_account_folders_and_bounded_restarts(ansible):
         " specfleet-nvidia-devices.service",
         "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "DevicePolicy=closed",
-        "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters",
+        "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters -/run/lock",
     ):
         assert line in unit, line
     assert not [line for line in unit if line.startswith("ReadWritePaths")]
