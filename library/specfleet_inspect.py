@@ -47,7 +47,9 @@ options:
     elements: str
     default: []
   units:
-    description: systemd units whose ActiveState, SubState, UnitFileState, NeedDaemonReload and MainPID are wanted.
+    description: >-
+      systemd units whose ActiveState, SubState, UnitFileState, NeedDaemonReload and MainPID
+      are wanted.
     type: list
     elements: str
     default: []
@@ -62,6 +64,28 @@ options:
         missing or unreadable one has none.
     type: list
     elements: path
+    default: []
+  processes:
+    description:
+      - systemd units whose running processes are wanted (the main process and every
+        descendant), when the main process started, and the folders below
+        O(process_roots) their executables and mapped files come from.
+      - What a server runs is its processes, not the records of what it was given; a
+        process that maps files from two venvs runs code from both.
+    type: list
+    elements: str
+    default: []
+  process_roots:
+    description: Folders (venvs' parent) whose children O(processes) are matched against.
+    type: list
+    elements: path
+    default: []
+  urls:
+    description:
+      - URLs to GET once (3 s each, no redirects), for their HTTP status, or null when
+        nothing answered. A health check, read with the rest of the host.
+    type: list
+    elements: str
     default: []
   checksum_folders:
     description:
@@ -128,6 +152,18 @@ checksums:
   description: For each of I(checksums), its sha1, or null when it is missing or unreadable.
   type: dict
   returned: always
+processes:
+  description: >-
+    For each of I(processes), C(main_pid) (0 when none runs), C(pids) (the main process and
+    its descendants), C(started) (when the main process started, seconds since the epoch,
+    or null) and C(from) (for each of I(process_roots), the sorted names of its children that
+    any of the processes' executable or mapped files are in).
+  type: dict
+  returned: always
+urls:
+  description: For each of I(urls), the HTTP status it answered, or null.
+  type: dict
+  returned: always
 folder_checksums:
   description: Every regular file of I(checksum_folders) with its sha1, sorted by path.
   type: list
@@ -135,6 +171,7 @@ folder_checksums:
   returned: always
 """
 
+import contextlib  # noqa: E402
 import glob  # noqa: E402
 import grp  # noqa: E402
 import hashlib  # noqa: E402
@@ -164,7 +201,17 @@ def _path(path: str) -> dict:
         "mode": f"{stat.S_IMODE(own.st_mode):04o}" if own else None,
         "uid": own.st_uid if own else None,
         "gid": own.st_gid if own else None,
+        # When what it names (a link's target) last changed: a process started before
+        # that runs what it was given before.
+        "mtime": _mtime(path),
     }
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _read(module: AnsibleModule, path: str) -> str | None:
@@ -252,6 +299,100 @@ def _units(module: AnsibleModule, names: list[str]) -> dict[str, dict[str, str]]
     return {name: found.get(name, dict(empty)) for name in names}
 
 
+def _boot_time() -> float:
+    with open("/proc/stat") as handle:
+        for line in handle:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _descendants(main_pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(name))
+    found, pending = [], [main_pid]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def _files_of(pid: int) -> set[str]:
+    files = set()
+    # The executable may not be readable as a link (a container's /proc): the maps say it too.
+    with contextlib.suppress(OSError):
+        files.add(os.readlink(f"/proc/{pid}/exe"))
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            for line in handle:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    files.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    return files
+
+
+def _processes(module: AnsibleModule, units: list[str], roots: list[str]) -> dict[str, dict]:
+    found = {}
+    states = _units(module, units)
+    for unit in units:
+        main_pid = int(states[unit].get("MainPID") or 0)
+        entry: dict = {"main_pid": main_pid, "pids": [], "started": None, "from": {}}
+        fields = _stat_fields(main_pid) if main_pid else None
+        if fields:
+            ticks = os.sysconf("SC_CLK_TCK")
+            entry["started"] = _boot_time() + int(fields[19]) / ticks
+            entry["pids"] = _descendants(main_pid)
+            files = set().union(*(_files_of(pid) for pid in entry["pids"]))
+            for root in roots:
+                prefix = root.rstrip("/") + "/"
+                entry["from"][root] = sorted(
+                    {
+                        path[len(prefix) :].split("/", 1)[0]
+                        for path in files
+                        if path.startswith(prefix)
+                    }
+                )
+        else:
+            entry["from"] = {root: [] for root in roots}
+        found[unit] = entry
+    return found
+
+
+def _url_status(url: str) -> int | None:
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect, urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=3) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (OSError, ValueError):
+        return None
+
+
 def _glob(pattern: str) -> list[dict]:
     matches = []
     for path in glob.glob(pattern):
@@ -295,11 +436,20 @@ def main() -> None:
             "globs": {"type": "list", "elements": "str", "default": []},
             "checksums": {"type": "list", "elements": "path", "default": []},
             "checksum_folders": {"type": "list", "elements": "path", "default": []},
+            "processes": {"type": "list", "elements": "str", "default": []},
+            "process_roots": {"type": "list", "elements": "path", "default": []},
+            "urls": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     params = module.params
-    named = params["paths"] + params["read"] + params["checksums"] + params["checksum_folders"]
+    named = (
+        params["paths"]
+        + params["read"]
+        + params["checksums"]
+        + params["checksum_folders"]
+        + params["process_roots"]
+    )
     relative = [p for p in named if not os.path.isabs(p)]
     if relative:
         module.fail_json(msg=f"paths must be absolute: {', '.join(relative)}")
@@ -313,6 +463,8 @@ def main() -> None:
         units=_units(module, params["units"]),
         globs={pattern: _glob(pattern) for pattern in params["globs"]},
         checksums={path: _sha1(path) for path in params["checksums"]},
+        processes=_processes(module, params["processes"], params["process_roots"]),
+        urls={url: _url_status(url) for url in params["urls"]},
         folder_checksums=[
             {"path": path, "checksum": _sha1(path)}
             for path in sorted(

@@ -8,10 +8,13 @@ import grp
 import os
 import pwd
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import Ansible, json_result
+from conftest import Ansible, json_result, load_plugin
 
 
 def inspect(ansible: Ansible, **options) -> dict:
@@ -40,7 +43,10 @@ def test_paths_links_and_small_files(ansible: Ansible, tmp_path: Path) -> None:
     )
     assert not result.get("failed") and result["changed"] is False
     paths = result["paths"]
-    assert paths[str(current)] | {"mode": None} == {
+    # When what it names last changed (a link's target): a process started before that
+    # runs what it was given before.
+    assert paths[str(current)]["mtime"] == os.stat(venv).st_mtime
+    assert paths[str(current)] | {"mode": None, "mtime": None} == {
         "exists": True,
         "isfile": False,
         "isdir": True,
@@ -49,6 +55,7 @@ def test_paths_links_and_small_files(ansible: Ansible, tmp_path: Path) -> None:
         "mode": None,  # a link's own mode is the system's (0777 on Linux)
         "uid": os.getuid(),
         "gid": os.getgid(),
+        "mtime": None,
     }
     assert paths[str(dangling)]["islink"] and not paths[str(dangling)]["exists"]
     assert paths[str(tmp_path / "missing")] == {
@@ -60,6 +67,7 @@ def test_paths_links_and_small_files(ansible: Ansible, tmp_path: Path) -> None:
         "mode": None,
         "uid": None,
         "gid": None,
+        "mtime": None,
     }
     assert paths[str(venv)]["isdir"] and not paths[str(venv)]["islink"]
     venv.chmod(0o750)
@@ -204,3 +212,44 @@ def test_checksums_are_the_ones_stat_and_find_report(ansible: Ansible, tmp_path:
     }
     run = ansible.playbook([play], {"files": files, "record": str(record)})
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_which_venvs_a_process_tree_runs_from(tmp_path: Path) -> None:
+    """What a server runs is its processes: a child that maps a file of another venv shows."""
+
+    inspect_module = load_plugin("library/specfleet_inspect.py", "specfleet_inspect_under_test")
+    other = tmp_path / "venvs" / "bbbb" / "lib.so"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"\0" * 4096)
+    child = (
+        "import mmap, sys, time\n"
+        "handle = open(sys.argv[1], 'rb')\n"
+        "mapped = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "print('mapped', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; subprocess.run([sys.executable, '-c', *sys.argv[1:]])",
+            child,
+            str(other),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "mapped"
+        pids = inspect_module._descendants(parent.pid)
+        assert len(pids) == 2 and pids[0] == parent.pid
+        files = set().union(*(inspect_module._files_of(pid) for pid in pids))
+        assert str(other) in files
+        started = inspect_module._boot_time() + int(
+            inspect_module._stat_fields(parent.pid)[19]
+        ) / os.sysconf("SC_CLK_TCK")
+        assert abs(started - time.time()) < 60
+    finally:
+        for pid in inspect_module._descendants(parent.pid)[::-1]:
+            os.kill(pid, 9)
+        parent.wait()
