@@ -32,6 +32,7 @@ import urllib.request
 from typing import Any
 
 from specfleet import metrics
+from specfleet.journal import cause_lines
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainStartTimestampMonotonic")
 
@@ -50,17 +51,11 @@ def unit_state(unit: str) -> dict[str, str]:
 
 
 def journal_tail(unit: str, lines: int = 40, window: int = 1000) -> list[str]:
-    """The unit's last lines, preceded by its last Python traceback when that scrolled out:
-    a dying vLLM logs hundreds of lines after the error that killed it."""
+    """The unit's last lines that say why it failed (specfleet.journal: its last traceback
+    in front when that scrolled out, vLLM's exit noise left out)."""
     argv = ["journalctl", "--unit", unit, "--lines", str(window), "--no-pager", "--output", "cat"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    journal = result.stdout.splitlines()
-    tail = journal[-lines:]
-    starts = [i for i, line in enumerate(journal) if "Traceback (most recent call last)" in line]
-    if not starts or starts[-1] >= len(journal) - lines:
-        return tail
-    first = starts[-1]
-    return [*journal[first : first + 40], "...", *tail]
+    return cause_lines(result.stdout.splitlines(), lines)
 
 
 def answers_200(url: str) -> bool:

@@ -31,6 +31,7 @@ HOST_MODULES: tuple[str, ...] = (
     "specfleet/gate.py",
     "specfleet/serve.py",
     "specfleet/routes.py",
+    "specfleet/journal.py",
     "specfleet/drafter_store.py",
     "specfleet/tinymodels.py",
     "specfleet/ggufmodel.py",
