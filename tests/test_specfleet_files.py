@@ -36,7 +36,11 @@ def test_the_same_bytes_as_the_template_and_copy_modules(ansible: Ansible, tmp_p
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
     new.mkdir()
-    extra = {"specfleet_accelerator": "cpu"}
+    # What validate.yml's read of a host would give the unit's template (its venv, its
+    # host package's folder).
+    from test_vllm_server_render import HOST_READ
+
+    extra = {"specfleet_accelerator": "cpu", "__vllm_server_host": HOST_READ}
     sources = {
         "unit": ("template", SERVER / "templates" / "vllm-server.service.j2"),
         "env": ("template", SERVER / "templates" / "vllm-server.env.j2"),

@@ -17,9 +17,19 @@ from conftest import ROOT, role_vars_files, systemd_verify
 ROLE = ROOT / "roles" / "vllm_server"
 
 
+#: What validate.yml's read of a host finds: the stack manifest names the venv the unit must
+#: run, and the host package's link its folder (the unit names both, never `current`).
+HOST_READ = {
+    "read": {"/etc/specfleet/stack.json": '{"venv": "/opt/specfleet/venvs/0123456789abcdef"}'},
+    "paths": {"/opt/specfleet/lib/current": {"islink": True, "target": "specfleet-89ab"}},
+}
+
+
 def render(ansible, **extra) -> tuple[str, str]:
     """Render the unit and the environment file with the project's and the role's defaults,
-    its vars and its profile's vars (cuda unless ``specfleet_accelerator`` says otherwise)."""
+    its vars and its profile's vars (cuda unless ``specfleet_accelerator`` says otherwise),
+    on a host whose stack and host package validate.yml read as HOST_READ."""
+    extra = {"__vllm_server_host": HOST_READ} | extra
     out = ansible.tmp_path / "out"
     out.mkdir(exist_ok=True)
     play = {
@@ -57,7 +67,10 @@ def exec_start(unit: str) -> str:
 def test_unit_with_defaults_cuda(ansible):
     unit, env = render(ansible)
     cmd = exec_start(unit)
-    assert cmd.startswith("ExecStart=/opt/specfleet/venvs/current/bin/python -m specfleet.serve")
+    # By the venv's own folder: a switch of `current` never changes what a restart runs.
+    assert cmd.startswith(
+        "ExecStart=/opt/specfleet/venvs/0123456789abcdef/bin/python -m specfleet.serve"
+    )
     assert "--model /var/lib/specfleet/models/target" in cmd
     assert "--host 127.0.0.1 --port 8000" in cmd
     assert "--tensor-parallel-size 1" in cmd
@@ -89,7 +102,7 @@ def test_unit_with_defaults_cuda(ansible):
         "CacheDirectory=specfleet/vllm",
         "WorkingDirectory=/var/lib/specfleet/vllm",
         "Environment=HOME=/var/lib/specfleet/vllm",
-        "Environment=PYTHONPATH=/opt/specfleet/lib/current",
+        "Environment=PYTHONPATH=/opt/specfleet/lib/specfleet-89ab",
         "ReadOnlyPaths=-/var/lib/specfleet/models/target -/var/lib/specfleet/drafters -/run/lock",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
         "DevicePolicy=closed",
@@ -100,8 +113,11 @@ def test_unit_with_defaults_cuda(ansible):
         "DeviceAllow=char-nvidia-caps r",
         "Requires=specfleet-nvidia-devices.service",
         "EnvironmentFile=/etc/specfleet/specfleet-vllm.env",
-        "ExecStartPre=/opt/specfleet/venvs/current/bin/python "
+        "ExecStartPre=/opt/specfleet/venvs/0123456789abcdef/bin/python "
         "/opt/specfleet/bin/vllm-server-shm-clean",
+        # A stop ends well inside TimeoutStopSec also while the server starts.
+        "ExecStop=/opt/specfleet/venvs/0123456789abcdef/bin/python"
+        " /opt/specfleet/bin/vllm-server-stop $MAINPID http://127.0.0.1:8000/health 60",
         "WantedBy=multi-user.target",
     ):
         assert line in unit.splitlines(), line
