@@ -68,14 +68,21 @@ def _whitelist(value: Any) -> str:
     return f"{value.get('shape')}, {len(entries)} entries" if entries else str(value.get("shape"))
 
 
-def _unit(value: Any) -> Text:
+def _unit(value: Any, stack: Any = None) -> Text:
     if not isinstance(value, Mapping):
         return Text(str(value), style="red")
     text = f"{value.get('active')}/{value.get('sub')}"
     if value.get("main_pid"):
         text += f" pid {value['main_pid']}"
     text += f", {value.get('restarts', 0)} restarts"
-    return Text(text, style="green" if value.get("active") == "active" else "red")
+    # What its processes run, when it is not the one venv the stack manifest names.
+    runs = value.get("runs_from")
+    expected = [str(stack.get("hash"))] if isinstance(stack, Mapping) else None
+    mixed = runs is not None and value.get("main_pid") and runs != expected
+    if mixed:
+        text += f", runs code from {', '.join(runs) or 'no venv'}"
+    healthy = value.get("active") == "active" and not mixed
+    return Text(text, style="green" if healthy else "red")
 
 
 def _acceptance(value: Any) -> str:
@@ -112,7 +119,7 @@ def status_table(status: Mapping[str, Any]) -> Table:
                 _stack(row.get("stack")),
                 _whitelist(row.get("whitelist")),
                 str(row.get("drafter"))[:12],
-                _unit(row.get("unit")),
+                _unit(row.get("unit"), row.get("stack")),
                 Text(health, style="green" if health == "ok" else "red"),
                 _acceptance(row.get("acceptance")),
             ]
