@@ -27,9 +27,13 @@ def wrote_in(folder, marker):
 
 def can_write_file(path):
     # Links and sockets are not storage: a link's own mode is always 0777, and a socket
-    # (the journal's, D-Bus's) is written to by connecting, which it decides itself.
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode) or stat.S_ISSOCK(mode):
+    # (the journal's, D-Bus's) is written to by connecting, which it decides itself. A
+    # terminal of its own account (a pseudo-terminal belongs to whoever opened it) is
+    # its own.
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or stat.S_ISSOCK(info.st_mode):
+        return False
+    if path.startswith("/dev/pts/") and info.st_uid == os.getuid():
         return False
     return os.access(path, os.W_OK)
 
