@@ -24,25 +24,19 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import ssl
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from doorclient import REFUSED, Door, Load, send
 from labs import LabUnderTest, specfleet_json
 
 pytestmark = pytest.mark.docker
 
-REFUSED = "x-specfleet-refused"
-#: What HAProxy's HTTP parser answers to a request it cannot parse (a fragment in the
-#: target), before any rule runs: its built-in page, which no rule can add a header to.
-PARSER_REFUSAL = b"<html><body><h1>400 Bad request</h1>"
 #: What a client may do through the door by default (the loadbalancer role's defaults).
 ALLOWED = {
     ("POST", "/v1/completions"),
@@ -51,66 +45,6 @@ ALLOWED = {
 }
 #: Methods tried on the allowed paths besides the one each allows.
 OTHER_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
-
-
-@dataclass(frozen=True)
-class Door:
-    host: str
-    port: int
-    client_key: str
-    server_key: str
-    model: str
-
-    def connection(self) -> http.client.HTTPSConnection:
-        # The lab's certificate is self-signed: this test checks routing, not TLS trust.
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return http.client.HTTPSConnection(self.host, self.port, timeout=60, context=context)
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    #: Why the balancer refused it (its X-Specfleet-Refused header), or None.
-    refused: str | None
-    #: What the balancer answered itself (X-Specfleet-Door: its own /health), or None.
-    door: str | None
-    body: bytes
-
-    @property
-    def forwarded(self) -> bool:
-        """Whether it reached vLLM: neither refused nor answered by the balancer itself."""
-        return self.refused is None and self.door is None
-
-
-def send(
-    connection: http.client.HTTPSConnection,
-    method: str,
-    target: str,
-    headers: dict[str, str],
-    body: bytes | None = None,
-) -> Answer:
-    """One request with ``target`` sent exactly as written (http.client does not normalise)."""
-    try:
-        connection.putrequest(method, target, skip_accept_encoding=True)
-        for name, value in headers.items():
-            connection.putheader(name, value)
-        if body is not None:
-            connection.putheader("Content-Type", "application/json")
-            connection.putheader("Content-Length", str(len(body)))
-        connection.endheaders(body)
-        response = connection.getresponse()
-        data = response.read()
-    except (http.client.HTTPException, OSError):
-        connection.close()
-        raise
-    if response.getheader("Connection", "").lower() == "close":
-        connection.close()
-    refused = response.getheader(REFUSED)
-    if refused is None and response.status == 400 and data.startswith(PARSER_REFUSAL):
-        refused = "unparsable"
-    return Answer(response.status, refused, response.getheader("x-specfleet-door"), data)
 
 
 def spellings(path: str, authority: str) -> dict[str, str]:
@@ -325,53 +259,6 @@ def test_refusals_are_counted_and_logged_by_reason(
     assert door.client_key not in log and "sk-wrong-key-for-the-log" not in log
     config = lab_under_test.exec(lab_under_test.balancer, ["cat", "/etc/haproxy/haproxy.cfg"])
     assert door.client_key not in config and door.server_key not in config
-
-
-class Load:
-    """Completions through the door from a few threads until stopped (at most 15 minutes),
-    each at most ``per_second`` a second (within the key's rate limit), with a key that can
-    be switched while it runs; every answer is counted."""
-
-    def __init__(self, door: Door, key: str, threads: int = 2, per_second: float = 2.5) -> None:
-        self.interval = 1 / per_second
-        self.door, self.key = door, key
-        self.results: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-
-    def _run(self) -> None:
-        body = json.dumps({"model": self.door.model, "prompt": "hi", "max_tokens": 2}).encode()
-        connection = self.door.connection()
-        deadline = time.monotonic() + 900
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            started = time.monotonic()
-            key = self.key
-            try:
-                answer = send(
-                    connection, "POST", "/v1/completions", {"Authorization": f"Bearer {key}"}, body
-                )
-                outcome = str(answer.status)
-            except (http.client.HTTPException, OSError) as error:
-                connection = self.door.connection()
-                answer, outcome = None, type(error).__name__
-            with self._lock:
-                self.results[outcome] += 1
-                if outcome != "200":
-                    detail = answer.body[:120] if answer else b""
-                    self.failures.append(f"{outcome} {detail!r}")
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
 
 
 def sha256(key: str) -> str:
