@@ -83,3 +83,36 @@ def test_this_run_names_its_ansible_playbook_process_or_itself() -> None:
     run = this_run()
     assert run["controller"] == HERE and run["pid"] > 0
     assert run["pid_started"] == process_started(run["pid"])
+
+
+def fake_proc(tmp_path: Path, processes: dict[int, tuple[int, str]]) -> Path:
+    """A /proc of {pid: (parent, command line)}."""
+    proc = tmp_path / "proc"
+    for pid, (parent, command) in processes.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes(command.replace(" ", "\0").encode())
+        (proc / str(pid) / "stat").write_text(f"{pid} (python3) S {parent} {pid} 0")
+    return proc
+
+
+def test_the_run_is_the_topmost_ansible_playbook_not_the_worker_taking_the_lock(
+    tmp_path: Path,
+) -> None:
+    # A worker is a fork of ansible-playbook with its command line; it ends with its task,
+    # while the lock it takes must outlive it (two runs of one controller found each other's
+    # worker gone and both built the same venv).
+    from specfleet.runlock import _playbook_pid
+
+    playbook = "/venv/bin/python3 /venv/bin/ansible-playbook -i hosts site.yml"
+    proc = fake_proc(
+        tmp_path,
+        {
+            10: (1, "python3 -m specfleet.cli provision"),
+            20: (10, playbook),
+            30: (20, playbook),
+        },
+    )
+    assert _playbook_pid(30, proc) == 20
+    assert _playbook_pid(20, proc) == 20
+    # Not under a run at all (a test): itself.
+    assert _playbook_pid(10, proc) == 10

@@ -34,22 +34,36 @@ def process_started(pid: int, proc: Path = Path("/proc")) -> int | None:
     return int(text.rsplit(")", 1)[-1].split()[19])
 
 
+def _runs_ansible_playbook(pid: int, proc: Path) -> bool:
+    try:
+        return b"ansible-playbook" in (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _parent(pid: int, proc: Path) -> int:
+    try:
+        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _playbook_pid(pid: int, proc: Path = Path("/proc")) -> int:
-    """The ansible-playbook process above ``pid`` (Ansible's workers are its children),
-    else ``pid`` itself."""
+    """The ansible-playbook process ``pid`` runs under, else ``pid`` itself. Ansible's
+    workers are forks of it, with its command line: the run is the topmost of them (a
+    worker lives for one task only, and a lock outlives many)."""
+    found: int | None = None
     current = pid
-    for _ in range(16):
-        try:
-            command = (proc / str(current) / "cmdline").read_bytes()
-            parent = int((proc / str(current) / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-        except (OSError, ValueError):
-            break
-        if b"ansible-playbook" in command:
-            return current
+    for _ in range(32):
+        if _runs_ansible_playbook(current, proc):
+            found = current
+        elif found is not None:
+            break  # above the run's own processes
+        parent = _parent(current, proc)
         if parent <= 1:
             break
         current = parent
-    return pid
+    return pid if found is None else found
 
 
 def this_run() -> dict[str, Any]:
