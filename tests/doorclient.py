@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 REFUSED = "x-specfleet-refused"
 #: What HAProxy's HTTP parser answers to a request it cannot parse (a fragment in the
@@ -24,6 +25,17 @@ class Door:
     client_key: str
     server_key: str
     model: str
+
+    @classmethod
+    def of(cls, lab: Any) -> Door:
+        """The front door of a lab (a labs.LabUnderTest), with its client and server keys."""
+        return cls(
+            host=lab.address(lab.balancer),
+            port=8080,
+            client_key=str(lab.variables["lab_client_api_key"]),
+            server_key=str(lab.variables["specfleet_server_api_key"]),
+            model=str(lab.variables["vllm_server_served_model_name"]),
+        )
 
     def connection(self) -> http.client.HTTPSConnection:
         # The lab's certificate is self-signed: this test checks routing, not TLS trust.

@@ -10,9 +10,13 @@ wheelhouse cached; `bin/lab up` builds them).
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +64,31 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     assert completion["completion_tokens"] > 0 and completion["text"]
     assert completion["drafts"] > 0 and completion["draft_tokens"] > 0
     assert completion["accepted_tokens"] >= 0
+    # The door as this machine reaches it (the balancer's address, not its loopback), and a
+    # line to paste that does the same.
+    assert completion["url"] == "https://172.30.242.10:8080"
+    assert completion_of_curl_line(completion["curl"])["choices"][0]["text"]
     # The next commands drive this lab: they carry its inventory.
     assert up["lab"]["next"][:2] == [
         f"specfleet status -i {inventory}",
         f"specfleet train -i {inventory}",
     ]
+
+
+def completion_of_curl_line(line: str) -> dict[str, Any]:
+    """What the tour's `curl` line answers, sent as curl would send it (curl itself may not
+    be on this machine)."""
+    words = shlex.split(line)
+    assert words[:2] == ["curl", "-sk"], words
+    url = words[2]
+    headers = dict(words[i + 1].split(": ", 1) for i, word in enumerate(words) if word == "-H")
+    body = words[words.index("-d") + 1].encode()
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url, body, headers)
+    with urllib.request.urlopen(request, timeout=300, context=context) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
 
 
 def test_lab_up_again_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:

@@ -50,6 +50,10 @@ pytestmark = [
 PREFIX = "flt-"
 OLD, NEW = "cpu", "cpu-vllm-0.31"
 CANARY = f"{PREFIX}01"
+# Requests a second from each of the load's two threads: enough that every step of the
+# rollout meets requests, few enough that the serving server does not starve the one
+# that starts (see the lab's vllm_server_health_timeout).
+LOAD_PER_SECOND = 0.25
 UNIT = "specfleet-vllm.service"
 
 
@@ -59,7 +63,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabUnderTest]:
     inventory = lab_inventory_with(folder, PREFIX, "172.30.243", servers=2)
     # The second stack's wheels too (the waves are site.yml's: the canary, then the other).
     data = yaml.safe_load(inventory.read_text())
-    data["all"]["children"]["lab"]["vars"]["lab_wheelhouses"] = [NEW]
+    data["all"]["children"]["lab"]["vars"] |= {
+        "lab_wheelhouses": [NEW],
+        # Two servers, the load and the controller share two cores, and vLLM's CPU worker
+        # spins while it serves (its message queue busy-polls for a second after each
+        # request): a server starting beside one that serves takes minutes, not seconds.
+        "vllm_server_health_timeout": 1500,
+    }
     inventory.write_text(yaml.safe_dump(data))
     try:
         rc, up = specfleet_json("lab", "up", "-i", str(inventory))
@@ -73,13 +83,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabUnderTest]:
 
 @pytest.fixture(scope="module")
 def door(lab: LabUnderTest) -> Door:
-    return Door(
-        host=lab.address(lab.balancer),
-        port=8080,
-        client_key=str(lab.variables["lab_client_api_key"]),
-        server_key=str(lab.variables["specfleet_server_api_key"]),
-        model=str(lab.variables["vllm_server_served_model_name"]),
-    )
+    return Door.of(lab)
 
 
 # ----------------------------------------------------------------- what a host runs
@@ -94,6 +98,13 @@ def served_manifest(lab: LabUnderTest, host: str) -> dict[str, Any]:
 
 def current_venv(lab: LabUnderTest, host: str) -> str:
     return run_in(lab, host, ["readlink", "-f", "/opt/specfleet/venvs/current"]).strip()
+
+
+def unit_venv(lab: LabUnderTest, host: str) -> str:
+    """The venv the unit systemd has loaded starts (its ExecStart names it)."""
+    text = run_in(lab, host, ["systemctl", "show", "-P", "ExecStart", UNIT])
+    path = text.split("path=", 1)[1].split(" ", 1)[0]
+    return path.removesuffix("/bin/python")
 
 
 def main_pid(lab: LabUnderTest, host: str) -> int:
@@ -175,6 +186,18 @@ class Upgrade:
         return rc, document
 
 
+def starting(lab: LabUnderTest, runs: Callable[[str], bool], since: int) -> Callable[[], bool]:
+    """The canary runs a server whose venv (the one its loaded unit starts) ``runs``
+    accepts, started since the process ``since``, that does not answer yet: its gate is
+    waiting for it. (Not `current`: a restart systemd makes on its own after a kill runs
+    the unit it has loaded, whatever `current` says by then.)"""
+    return lambda: (
+        runs(unit_venv(lab, CANARY))
+        and main_pid(lab, CANARY) not in (0, since)
+        and not serves(lab, CANARY)
+    )
+
+
 def wait_for(what: str, condition: Callable[[], bool], timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -217,16 +240,11 @@ def test_the_canarys_new_vllm_killed_during_its_gate(
 ) -> None:
     before = current_venv(lab, CANARY)
     started = main_pid(lab, CANARY)
-    with Load(door, door.client_key) as load:
+    with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, NEW, tmp_path / "faulted.json")
-        # The canary runs the new venv's server, which does not answer yet: its gate waits.
         wait_for(
             "the canary's new server starting behind its gate",
-            lambda: (
-                current_venv(lab, CANARY) != before
-                and main_pid(lab, CANARY) not in (0, started)
-                and not serves(lab, CANARY)
-            ),
+            starting(lab, lambda venv: venv != before, since=started),
         )
         run_in(lab, CANARY, ["kill", "-9", str(main_pid(lab, CANARY))])
         rc, faulted = run.finish()
@@ -245,25 +263,17 @@ def test_the_old_vllm_killed_during_the_rollbacks_gate_too(
 ) -> None:
     before = current_venv(lab, CANARY)
     started = main_pid(lab, CANARY)
-    with Load(door, door.client_key) as load:
+    with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, OLD, tmp_path / "faulted.json")
         wait_for(
             "the canary's new server starting behind its gate",
-            lambda: (
-                current_venv(lab, CANARY) != before
-                and main_pid(lab, CANARY) not in (0, started)
-                and not serves(lab, CANARY)
-            ),
+            starting(lab, lambda venv: venv != before, since=started),
         )
         new_pid = main_pid(lab, CANARY)
         run_in(lab, CANARY, ["kill", "-9", str(new_pid)])
         wait_for(
             "the rollback's restart of the old server behind its gate",
-            lambda: (
-                current_venv(lab, CANARY) == before
-                and main_pid(lab, CANARY) not in (0, new_pid)
-                and not serves(lab, CANARY)
-            ),
+            starting(lab, lambda venv: venv == before, since=new_pid),
         )
         run_in(lab, CANARY, ["kill", "-9", str(main_pid(lab, CANARY))])
         rc, faulted = run.finish()
@@ -279,7 +289,7 @@ def test_sigint_to_the_controller_right_after_the_canary_switched(
     lab: LabUnderTest, door: Door, tmp_path: Path
 ) -> None:
     before = current_venv(lab, CANARY)
-    with Load(door, door.client_key) as load:
+    with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, NEW, tmp_path / "faulted.json")
         wait_for("the canary's switch", lambda: current_venv(lab, CANARY) != before)
         run.interrupt()
@@ -292,7 +302,7 @@ def test_sigint_to_the_controller_right_after_the_canary_switched(
 def test_sigint_to_the_controller_during_the_drain(
     lab: LabUnderTest, door: Door, tmp_path: Path
 ) -> None:
-    with Load(door, door.client_key) as load:
+    with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, OLD, tmp_path / "faulted.json")
         wait_for(
             "the canary drained at the balancer",
@@ -306,7 +316,7 @@ def test_sigint_to_the_controller_during_the_drain(
 
 
 def test_the_balancer_restarted_mid_rollout(lab: LabUnderTest, door: Door, tmp_path: Path) -> None:
-    with Load(door, door.client_key) as load:
+    with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, NEW, tmp_path / "faulted.json")
         wait_for("the canary's server stopped", lambda: main_pid(lab, CANARY) == 0)
         run_in(lab, lab.balancer, ["systemctl", "restart", "haproxy.service"])

@@ -88,14 +88,7 @@ def concrete(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def door(lab_under_test: LabUnderTest) -> Door:
-    lab = lab_under_test
-    return Door(
-        host=lab.address(lab.balancer),
-        port=8080,
-        client_key=str(lab.variables["lab_client_api_key"]),
-        server_key=str(lab.variables["specfleet_server_api_key"]),
-        model=str(lab.variables["vllm_server_served_model_name"]),
-    )
+    return Door.of(lab_under_test)
 
 
 @pytest.fixture(scope="module")
