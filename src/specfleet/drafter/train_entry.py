@@ -1,14 +1,16 @@
 """The training process: speculators' trainer, reporting into the run's progress file.
 
-``python -m specfleet.drafter.train_entry [--cpu-compat] --progress FILE --loss-log FILE --
-<speculators train arguments>``. A process of its own, so that the CPU workarounds touch
-nothing but it and the memory it takes is returned when it ends.
+``python -m specfleet.drafter.train_entry [--cpu-compat] --progress FILE --loss-log FILE
+[--summary FILE] -- <speculators train arguments>``. A process of its own, so that the CPU
+workarounds touch nothing but it and the memory it takes is returned when it ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 from pathlib import Path
 
 from specfleet.drafter.progress import Progress, TrainingMetricsHandler
@@ -21,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--progress", type=Path, required=True)
     parser.add_argument("--loss-log", type=Path, required=True)
+    parser.add_argument(
+        "--summary", type=Path, help="JSON written at the end: the peak GPU memory (MiB)"
+    )
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     train_args = [word for word in args.train_args if word != "--"]
@@ -48,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer.Trainer.__init__ = init_with_total  # type: ignore[method-assign]
     train(TrainConfig.resolve(train_args))
+    # Under torchrun every process trains; the first one's figure is the summary's.
+    if args.summary and os.environ.get("RANK", "0") == "0":
+        args.summary.write_text(json.dumps({"peak_gpu_mib": peak_gpu_mib()}) + "\n")
     return 0
+
+
+def peak_gpu_mib() -> float | None:
+    """The most GPU memory torch held at once in this process (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1)
 
 
 if __name__ == "__main__":
