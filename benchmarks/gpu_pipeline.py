@@ -197,10 +197,8 @@ def pack(args: argparse.Namespace) -> int:
     from specfleet.docprompts import build
     from specfleet.ggufmodel import extract_member
     from specfleet.stacklock import StackLock, StackSpec
+    from specfleet.stackvenv import stack_python
     from specfleet.wheelhouse import ensure_wheelhouse
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from stack_venv import stack_python
 
     out = args.inputs
     shutil.rmtree(out, ignore_errors=True)
@@ -618,8 +616,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 def accept(args: argparse.Namespace) -> int:
     """Acceptance and speed of the returned drafter, measured by vLLM's CPU build here."""
     sys.path.insert(0, str(SRC))
-    sys.path.insert(0, str(ROOT / "tests"))
-    from stack_venv import stack_python
+    from specfleet.stackvenv import stack_python
 
     folder = args.folder.resolve()
     record = json.loads((folder / "drafter.json").read_text())

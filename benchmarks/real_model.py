@@ -33,7 +33,6 @@ It prints a table (or ``--json``) and writes ``results.json`` beside the work fo
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -78,11 +77,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _stack_python() -> Path:
     """The cpu stack's venv, built from its wheelhouse as the tests build it."""
-    spec = importlib.util.spec_from_file_location("stack_venv", ROOT / "tests" / "stack_venv.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.stack_python("cpu"))
+    from specfleet.stackvenv import stack_python
+
+    return stack_python("cpu")
 
 
 def _run(python: Path, *args: str, label: str) -> float:

@@ -182,3 +182,35 @@ def test_upgrade_checks_its_lock_before_anything_runs(
     assert main(["upgrade", "--lock", "cpu-next", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert "--lock cpu-next" in doc["error"] and "locks/cpu-next.txt" in doc["error"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["lock", "nosuch"], "no stack spec"),
+        (["wheelhouse", "nosuch"], "no stack spec"),
+        (["key", "new", "no spaces"], "key name 'no spaces'"),
+    ],
+)
+def test_every_command_reports_bad_input_as_exit_2_without_a_traceback(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert error in err and "Traceback" not in out + err
+    assert f"specfleet {argv[0]}: " in err
+    # The same with --json: one document, as the playbook commands give.
+    assert main([*argv, "--json"]) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert (doc["rc"], doc["result"], doc["command"]) == (2, "bad_input", argv[0])
+    assert error in doc["error"] and "Traceback" not in err
+
+
+def test_a_local_command_that_succeeds_answers_with_what_it_made(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["key", "new", "team-search", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["rc"], doc["result"], doc["name"]) == (0, "ok", "team-search")
+    assert doc["entry"] == {"name": "team-search", "sha256": doc["sha256"]}

@@ -95,7 +95,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    from stack_venv import generate_tiny_models, run_json, stack_python
+    from specfleet.stackvenv import generate_tiny_models, run_json, stack_python
 
     python = stack_python("cpu")
     models = tmp_path_factory.mktemp("tiny")

@@ -5,6 +5,7 @@ progress. The pipeline itself runs for real in the Molecule scenario
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,20 @@ def test_the_exported_drafter_asks_for_no_code(tmp_path: Path) -> None:
     data_only(config)
     assert json.loads(config.read_text()) == {"speculators_model_type": "eagle3"}
     assert config_problems(json.loads(config.read_text())) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"epochs": "5"}, 'epochs must be int, got "5" (str)'),
+        ({"cpu_compat": 1}, "cpu_compat must be bool, got 1 (int)"),
+        ({"layer_ids": [2, "4"]}, "layer_ids must be list[int]"),
+        ({"server": {"port": "8390"}}, 'server.port must be int, got "8390" (str)'),
+    ],
+)
+def test_a_setting_of_the_wrong_type_is_named(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    settings = {"target": "t", "dataset": "d", "work_dir": "w", "store_dir": "s"} | change
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunConfig.from_dict(settings)

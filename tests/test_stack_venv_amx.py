@@ -13,7 +13,8 @@ import json
 import subprocess
 
 import pytest
-from stack_venv import stack_python
+
+from specfleet.stackvenv import stack_python
 
 pytestmark = pytest.mark.slow
 

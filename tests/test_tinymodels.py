@@ -112,14 +112,14 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def venv_python():
-    from stack_venv import stack_python
+    from specfleet.stackvenv import stack_python
 
     return stack_python()
 
 
 @pytest.fixture(scope="module")
 def llama(venv_python, tmp_path_factory):
-    from stack_venv import generate_tiny_models
+    from specfleet.stackvenv import generate_tiny_models
 
     out = tmp_path_factory.mktemp("llama")
     summary = generate_tiny_models(venv_python, out)
@@ -171,7 +171,7 @@ def test_llama_target_tokenizer_and_drafter(venv_python, llama):
 
 @pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_weights(venv_python, llama, tmp_path):
-    from stack_venv import generate_tiny_models
+    from specfleet.stackvenv import generate_tiny_models
 
     root, _ = llama
     generate_tiny_models(venv_python, tmp_path / "again")
@@ -194,7 +194,7 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
 @pytest.mark.slow
 def test_drafter_seed_changes_only_the_drafter_weights(venv_python, llama, tmp_path):
     """What a retrained drafter is: same target, vocabulary and shapes, other weights."""
-    from stack_venv import generate_tiny_models
+    from specfleet.stackvenv import generate_tiny_models
 
     root, _ = llama
     generate_tiny_models(venv_python, tmp_path / "retrained", "--drafter-seed", "1")
@@ -218,7 +218,7 @@ def test_files_readable_by_a_service_user(llama):
 
 @pytest.mark.slow
 def test_mistral_variant_with_more_layers(venv_python, tmp_path):
-    from stack_venv import generate_tiny_models
+    from specfleet.stackvenv import generate_tiny_models
 
     generate_tiny_models(venv_python, tmp_path, "--arch", "mistral", "--layers", "10")
     info = _inspect(venv_python, tmp_path)

@@ -21,8 +21,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from stack_venv import seed_python, site_packages
 from vllm_releases import REPO, make_interpreter, run_module
+
+from specfleet.stackvenv import seed_python, site_packages
 
 pytestmark = pytest.mark.slow
 

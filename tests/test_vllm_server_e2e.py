@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 from conftest import load_plugin
-from stack_venv import generate_tiny_models, stack_python
+
+from specfleet.stackvenv import generate_tiny_models, stack_python
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ Everything fetched here is cached by content outside the checkout, under
 
 A cache entry is only used when its marker is present and every kept file still
 has the recorded hash; anything else is rebuilt. (Real vLLM environments, for the
-seed's failure, come from stack_venv.py.)
+seed's failure, come from specfleet.stackvenv.)
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from stack_venv import locked, site_packages
-
 from specfleet.hashing import sha256_file
 from specfleet.paths import cache_dir
+from specfleet.stackvenv import locked, site_packages
 
 RELEASES = (
     "0.8.5",

@@ -175,13 +175,11 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
     started = time.monotonic()
     session: Session | None = None
     details: Details = {}
-    error: str | None = None
-    code: ExitCode | None = None
-    interrupted = False
     silent = args.quiet or args.json
+    attempt = Attempt()
     with final_output_only() if silent else contextlib.nullcontext():
         view = make_view(console, quiet=args.quiet, machine=args.json)
-        try:
+        with one_error_path(attempt):
             options = _options(args)
             options.validate()
             for playbook in job.playbooks[getattr(args, "action", None)]:
@@ -192,17 +190,10 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
             session = Session(command, options, observer=view)
             with session, view:
                 details = job.run(session, args, view)
-        except BadInput as failure:
-            error, code = str(failure), ExitCode.BAD_INPUT
-        except KeyboardInterrupt:
-            interrupted = True
-        except Exception as failure:
-            # A bug or a broken environment: still one answer, and its traceback on stderr.
-            traceback.print_exc()
-            error, code = f"{type(failure).__name__}: {failure}", ExitCode.ERROR
     results = session.results if session else []
+    code = attempt.code
     if code is None:
-        interrupted = interrupted or bool(session and session.interrupted)
+        interrupted = attempt.interrupted or bool(session and session.interrupted)
         code = exit_code(results, interrupted=interrupted)
     outcome = Outcome(
         command=command,
@@ -210,13 +201,63 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
         code=code,
         seconds=time.monotonic() - started,
         log=session.log_path if session else None,
-        error=error,
+        error=attempt.error,
         details=details,
     )
     if args.json:
         print(json.dumps(document(outcome), indent=2, sort_keys=False))
     else:
         render_outcome(console, outcome)
+    return int(code)
+
+
+@dataclass
+class Attempt:
+    """How a command ended when it did not end by itself: its error and exit code."""
+
+    error: str | None = None
+    code: ExitCode | None = None
+    interrupted: bool = False
+
+
+@contextlib.contextmanager
+def one_error_path(attempt: Attempt) -> Iterator[None]:
+    """The one path from an exception to an exit code, for every command: bad input is 2
+    with its message, Ctrl-C is 130, anything else a bug (1) with its traceback."""
+    try:
+        yield
+    except BadInput as failure:
+        attempt.error, attempt.code = str(failure), ExitCode.BAD_INPUT
+    except KeyboardInterrupt:
+        attempt.interrupted, attempt.code = True, ExitCode.INTERRUPTED
+    except Exception as failure:
+        # A bug or a broken environment: still one answer, and its traceback on stderr.
+        traceback.print_exc()
+        attempt.error, attempt.code = f"{type(failure).__name__}: {failure}", ExitCode.ERROR
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """Run a command that needs no playbook (image, lock, wheelhouse, key) through the same
+    error path; with --json its one document carries what it made."""
+    started = time.monotonic()
+    attempt = Attempt()
+    details: Details = {}
+    with final_output_only() if args.json else contextlib.nullcontext(), one_error_path(attempt):
+        details = args.func(args)
+    code = attempt.code or ExitCode.OK
+    if args.json:
+        outcome = Outcome(
+            command=args.command,
+            results=[],
+            code=code,
+            seconds=time.monotonic() - started,
+            log=None,
+            error=attempt.error,
+            details=details,
+        )
+        print(json.dumps(document(outcome), indent=2))
+    elif attempt.error:
+        print(f"specfleet {args.command}: {attempt.error}", file=sys.stderr)
     return int(code)
 
 
@@ -230,19 +271,21 @@ def _with_vault_password(options: RunOptions) -> RunOptions:
 
 
 # ----------------------------------------------------------------- other commands
-def _cmd_image(args: argparse.Namespace) -> int:
-    print(ensure_image(rebuild=args.rebuild))
-    return 0
+# Each prints what it did for a reader and returns it as data (the --json document's).
+def _cmd_image(args: argparse.Namespace) -> Details:
+    image = ensure_image(rebuild=args.rebuild)
+    print(image)
+    return {"image": image}
 
 
-def _cmd_lock(args: argparse.Namespace) -> int:
+def _cmd_lock(args: argparse.Namespace) -> Details:
     lock = resolve(StackSpec.load(args.stack))
     path = lock.write()
     print(f"{path}: {len(lock.pins)} pins, digest {lock.digest}")
-    return 0
+    return {"lock": str(path), "pins": len(lock.pins), "digest": lock.digest}
 
 
-def _cmd_wheelhouse(args: argparse.Namespace) -> int:
+def _cmd_wheelhouse(args: argparse.Namespace) -> Details:
     house = ensure_wheelhouse(StackSpec.load(args.stack), StackLock.read(args.stack))
     how = (
         "reused"
@@ -250,30 +293,15 @@ def _cmd_wheelhouse(args: argparse.Namespace) -> int:
         else f"built in {house.seconds:.0f} s ({house.linked} wheels linked from other wheelhouses)"
     )
     print(f"{house.path}: {house.wheels} wheels, {house.size_bytes / 2**20:.0f} MiB, {how}")
-    return 0
+    return {"wheelhouse": str(house.path), "wheels": house.wheels, "reused": house.reused}
 
 
-def _cmd_key(args: argparse.Namespace) -> int:
-    try:
-        made = new_key(args.name)
-    except BadInput as error:
-        if args.json:
-            print(
-                json.dumps(
-                    {"result": "bad_input", "rc": int(ExitCode.BAD_INPUT), "error": str(error)}
-                )
-            )
-        else:
-            print(f"specfleet key: {error}", file=sys.stderr)
-        return int(ExitCode.BAD_INPUT)
-    if args.json:
-        document = {"result": "ok", "rc": 0, "name": made.name, "key": made.key}
-        print(json.dumps(document | {"sha256": made.sha256, "entry": made.entry()}, indent=2))
-        return 0
+def _cmd_key(args: argparse.Namespace) -> Details:
+    made = new_key(args.name)
     print(f"key (give it to the client; it is not kept anywhere): {made.key}")
     print("add to the inventory's loadbalancer_api_keys, then run `specfleet frontdoor`:")
     print(f"  - name: {made.name}\n    sha256: {made.sha256}")
-    return 0
+    return {"name": made.name, "key": made.key, "sha256": made.sha256, "entry": made.entry()}
 
 
 # ----------------------------------------------------------------- parser
@@ -286,6 +314,14 @@ def _output_options() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print exactly one JSON document on stdout (and nothing else)",
+    )
+    return parent
+
+
+def _json_option() -> argparse.ArgumentParser:
+    parent = _Parser(add_help=False)
+    parent.add_argument(
+        "--json", action="store_true", help="print exactly one JSON document on stdout"
     )
     return parent
 
@@ -370,21 +406,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab.add_argument("action", choices=["up", "down", "status"])
 
-    key = commands.add_parser("key", help="make a client key for the front door")
+    local = [_json_option()]
+    key = commands.add_parser("key", parents=local, help="make a client key for the front door")
     key.add_argument("action", choices=["new"])
     key.add_argument("name", help="what the balancer's log shows for it, e.g. team-search")
-    key.add_argument("--json", action="store_true", help="print one JSON document")
     key.set_defaults(func=_cmd_key)
 
-    image = commands.add_parser("image", help="build or reuse the Debian 12 systemd host image")
+    image = commands.add_parser(
+        "image", parents=local, help="build or reuse the Debian 12 systemd host image"
+    )
     image.add_argument("--rebuild", action="store_true", help="rebuild even when cached")
     image.set_defaults(func=_cmd_image)
 
-    lock = commands.add_parser("lock", help="resolve locks/STACK.toml into locks/STACK.txt")
+    lock = commands.add_parser(
+        "lock", parents=local, help="resolve locks/STACK.toml into locks/STACK.txt"
+    )
     lock.add_argument("stack", help="stack name, e.g. cpu")
     lock.set_defaults(func=_cmd_lock)
 
-    wheelhouse = commands.add_parser("wheelhouse", help="download a stack's wheels for the hosts")
+    wheelhouse = commands.add_parser(
+        "wheelhouse", parents=local, help="download a stack's wheels for the hosts"
+    )
     wheelhouse.add_argument("stack", help="stack name, e.g. cpu")
     wheelhouse.set_defaults(func=_cmd_wheelhouse)
     return parser
@@ -417,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bad_usage(error, argv, parser)
     if args.command in JOBS:
         return run_job(args)
-    return int(args.func(args))
+    return run_local(args)
 
 
 if __name__ == "__main__":

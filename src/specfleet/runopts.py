@@ -20,12 +20,8 @@ import yaml
 from ansible.errors import AnsibleError
 from ansible.parsing.splitter import parse_kv
 
+from specfleet.errors import BadInput
 from specfleet.paths import repo_root
-
-
-class BadInput(Exception):
-    """The operator's input cannot be run: nothing was started."""
-
 
 #: ansible-playbook's prompt for --ask-vault-pass (ansible-runner answers it for us).
 VAULT_PROMPT = r"Vault password:\s*?$"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from specfleet.errors import BadInput
 from specfleet.hashing import sha256_file
 from specfleet.paths import repo_root
 
@@ -47,6 +48,16 @@ _VERSION = re.compile(r"(\d+)\.(\d+)")
 # The machine names a glibc build reports (uname -m, ansible_facts.architecture) and
 # the ones wheel tags use.
 _ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+class NoSuchStack(BadInput, FileNotFoundError):
+    """The stack named has no spec or no lock: bad input, and a missing file for callers
+    that look for one that may not be there yet."""
+
+
+def stack_names(locks_dir: Path) -> list[str]:
+    """The stacks whose spec is in locks_dir."""
+    return sorted(path.stem for path in locks_dir.glob("*.toml"))
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,8 @@ class StackSpec:
         """The spec locks/<name>.toml; an alias (a symlink to another spec) loads that one."""
         path = (locks_dir or repo_root() / "locks") / f"{name}.toml"
         if not path.is_file():
-            raise FileNotFoundError(f"no stack spec {path}")
+            known = ", ".join(stack_names(path.parent))
+            raise NoSuchStack(f"no stack spec {path} (stacks: {known})")
         data = tomllib.loads(path.read_text())
         return cls(
             name=path.resolve().stem,
@@ -153,7 +165,7 @@ class StackLock:
     def read(cls, name: str, locks_dir: Path | None = None) -> StackLock:
         path = (locks_dir or repo_root() / "locks") / f"{name}.txt"
         if not path.is_file():
-            raise FileNotFoundError(f"no stack lock {path}: run `specfleet lock {name}`")
+            raise NoSuchStack(f"no stack lock {path}: run `specfleet lock {name}`")
         pins, hashes, target = parse_lock_text(path.read_text())
         return cls(name=name, pins=tuple(pins), hashes=hashes, target=target)
 

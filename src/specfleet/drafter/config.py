@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from specfleet.speculative import SpeculativeConfigError, check_num_speculative_tokens
 
@@ -131,6 +132,8 @@ class RunConfig:
         server_known = {item.name for item in fields(ServerSettings)}
         if set(server) - server_known:
             raise ConfigError(f"unknown server setting(s): {sorted(set(server) - server_known)}")
+        _check_types(cls, values)
+        _check_types(ServerSettings, server, prefix="server.")
         try:
             config = cls(**values, server=ServerSettings(**server))
         except TypeError as error:
@@ -183,6 +186,40 @@ class RunConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a setting's declared type (``int``, ``list[str]``, ...)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (UnionType, Union):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_fits(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _fits(key, args[0]) and _fits(item, args[1]) for key, item in value.items()
+        )
+    if isinstance(value, bool):  # JSON's true is no number
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)
+    return isinstance(value, hint)
+
+
+def _check_types(cls: type, values: dict[str, Any], prefix: str = "") -> None:
+    """Refuse a setting whose value is not of its declared type, naming both."""
+    hints = get_type_hints(cls)
+    for name, value in values.items():
+        if name in hints and name != "server" and not _fits(value, hints[name]):
+            hint = hints[name]
+            wanted = str(hint) if get_origin(hint) else hint.__name__
+            raise ConfigError(
+                f"{prefix}{name} must be {wanted}, got {json.dumps(value)} ({type(value).__name__})"
+            )
 
 
 def describe() -> list[tuple[str, str, str]]:

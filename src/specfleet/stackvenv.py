@@ -1,11 +1,14 @@
-"""Real vLLM environments for the slow tests, built the way a host builds its venv.
+"""Real vLLM environments on the controller, built the way a host builds its venv: for the
+slow tests and the benchmarks.
 
 ``stack_python(lock)`` is a venv of the host stack ``locks/<lock>.txt``, installed offline
 from the controller's wheelhouse (``pip --no-index --no-deps``, as the ml_stack role does),
 so the tests run exactly the pinned stack the hosts run. ``seed_python()`` lays the real
-vLLM 0.21.0 (the seed's release, whose torch cannot be had here) over that stack, as
-ENVIRONMENT.md records. Both are cached under ``${SPECFLEET_CACHE}/venvs`` by content
-and built under a lock, so parallel runs share one build.
+vLLM 0.21.0 (the seed's release) over that stack with ``--no-deps``: it pins torch
+2.11.0+cpu, which no index offers, so its configuration code runs (the seed's whitelist
+refusal, the edit, the cached bytecode) but its engine does not, its compiled ops being
+built for that torch. Both are cached under ``${SPECFLEET_CACHE}/venvs`` by content and
+built under a lock, so parallel runs share one build.
 """
 
 from __future__ import annotations
