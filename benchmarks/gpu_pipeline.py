@@ -363,6 +363,8 @@ def generate(
                 do_sample=False,
                 pad_token_id=pad,
             )
+            done = min(first + batch, len(order))
+            print(f"generation: {done}/{len(order)} prompts", file=sys.stderr, flush=True)
             for row, index in zip(out[:, width:].tolist(), chunk, strict=True):
                 answer = []
                 for token in row:
@@ -552,6 +554,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     work = Path(args.work or Path(tempfile.gettempdir()) / "specfleet-gpu-pipeline")
     if args.inputs:
         with_carried_wheels(args.inputs, work, argv)
+    # The job's tools run as processes of their own (the trainer): they import it too.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
     sys.path.insert(0, str(SRC))
     import torch
 
