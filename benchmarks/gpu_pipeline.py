@@ -643,7 +643,8 @@ def accept(args: argparse.Namespace) -> int:
     argv = [str(python), str(Path(__file__)), "_measure", str(drafter), str(target),
             str(folder / "heldout.jsonl"), str(work),
             "--speed-prompts", str(args.speed_prompts)]  # fmt: skip
-    measured = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+    # Its stderr (vLLM's start, a failure's cause) is left on this terminal.
+    measured = subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     acceptance = json.loads(measured)
     result["accept"] = acceptance
     (folder / "accept.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     train(TrainConfig.resolve(train_args))
     # Under torchrun every process trains; the first one's figure is the summary's.
     if args.summary and os.environ.get("RANK", "0") == "0":
-        args.summary.write_text(json.dumps({"peak_gpu_mib": peak_gpu_mib()}) + "\n")
+        peak = None if args.cpu_compat else peak_gpu_mib()  # a CPU run uses no GPU memory
+        args.summary.write_text(json.dumps({"peak_gpu_mib": peak}) + "\n")
     return 0
 
 
