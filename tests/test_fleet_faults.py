@@ -100,13 +100,6 @@ def current_venv(lab: LabUnderTest, host: str) -> str:
     return run_in(lab, host, ["readlink", "-f", "/opt/specfleet/venvs/current"]).strip()
 
 
-def unit_venv(lab: LabUnderTest, host: str) -> str:
-    """The venv the unit systemd has loaded starts (its ExecStart names it)."""
-    text = run_in(lab, host, ["systemctl", "show", "-P", "ExecStart", UNIT])
-    path = text.split("path=", 1)[1].split(" ", 1)[0]
-    return path.removesuffix("/bin/python")
-
-
 def main_pid(lab: LabUnderTest, host: str) -> int:
     return int(run_in(lab, host, ["systemctl", "show", "-P", "MainPID", UNIT]).strip() or 0)
 
@@ -186,16 +179,48 @@ class Upgrade:
         return rc, document
 
 
+_ARGV0 = """
+import sys
+try:
+    print(open(f"/proc/{sys.argv[1]}/cmdline", "rb").read().split(b"\\0")[0].decode())
+except OSError:
+    print("")
+"""
+
+
+def process_venv(lab: LabUnderTest, host: str, pid: int) -> str:
+    """The venv a process was started from (its argv[0], the unit's ExecStart path)."""
+    argv0 = run_in(lab, host, ["python3", "-c", _ARGV0, str(pid)]).strip()
+    return argv0.removesuffix("/bin/python")
+
+
 def starting(lab: LabUnderTest, runs: Callable[[str], bool], since: int) -> Callable[[], bool]:
-    """The canary runs a server whose venv (the one its loaded unit starts) ``runs``
-    accepts, started since the process ``since``, that does not answer yet: its gate is
-    waiting for it. (Not `current`: a restart systemd makes on its own after a kill runs
-    the unit it has loaded, whatever `current` says by then.)"""
-    return lambda: (
-        runs(unit_venv(lab, CANARY))
-        and main_pid(lab, CANARY) not in (0, since)
-        and not serves(lab, CANARY)
+    """The canary's server is a process started after ``since`` from a venv ``runs``
+    accepts, that does not answer yet: its gate is waiting for it. The process's own venv,
+    not the unit's or `current`: while the rollback writes the old unit, a restart systemd
+    made on its own after a kill still runs the new venv."""
+
+    def now() -> bool:
+        pid = main_pid(lab, CANARY)
+        return (
+            pid not in (0, since)
+            and runs(process_venv(lab, CANARY, pid))
+            and not serves(lab, CANARY)
+        )
+
+    return now
+
+
+def kill_the_canarys_new_server(lab: LabUnderTest, before: str, started: int) -> int:
+    """Wait until the canary's server on another venv than ``before`` starts behind its
+    gate (after the process ``started``), and kill it (-9); return its pid."""
+    wait_for(
+        "the canary's new server starting behind its gate",
+        starting(lab, lambda venv: venv != before, since=started),
     )
+    pid = main_pid(lab, CANARY)
+    run_in(lab, CANARY, ["kill", "-9", str(pid)])
+    return pid
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout: float = 900) -> None:
@@ -242,11 +267,7 @@ def test_the_canarys_new_vllm_killed_during_its_gate(
     started = main_pid(lab, CANARY)
     with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, NEW, tmp_path / "faulted.json")
-        wait_for(
-            "the canary's new server starting behind its gate",
-            starting(lab, lambda venv: venv != before, since=started),
-        )
-        run_in(lab, CANARY, ["kill", "-9", str(main_pid(lab, CANARY))])
+        kill_the_canarys_new_server(lab, before, started)
         rc, faulted = run.finish()
         assert rc != 0, faulted
         message = json.dumps(faulted.get("failed_tasks", []))
@@ -265,12 +286,7 @@ def test_the_old_vllm_killed_during_the_rollbacks_gate_too(
     started = main_pid(lab, CANARY)
     with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, OLD, tmp_path / "faulted.json")
-        wait_for(
-            "the canary's new server starting behind its gate",
-            starting(lab, lambda venv: venv != before, since=started),
-        )
-        new_pid = main_pid(lab, CANARY)
-        run_in(lab, CANARY, ["kill", "-9", str(new_pid)])
+        new_pid = kill_the_canarys_new_server(lab, before, started)
         wait_for(
             "the rollback's restart of the old server behind its gate",
             starting(lab, lambda venv: venv == before, since=new_pid),
