@@ -21,7 +21,7 @@ timing that first converge; then, in one run, over the same SSH connections, it 
   busy CPU seconds (/proc/stat) against its cores' wall time: on a small machine that runs
   the controller and every lab host, fork scaling ends where the cores are all busy;
 * with ``--mitogen``, the facts-only and the no-op figures again under Mitogen's strategy
-  (``ANSIBLE_STRATEGY=mitogen_linear``, strategy_plugins/), side by side.
+  (``ANSIBLE_STRATEGY=mitogen_linear``, plugins/strategy/), side by side.
 
 Before measuring it waits (up to 10 min) until the machine's cores are less than 15 % busy:
 servers that `lab up` just started compile and warm up for minutes. The lab is removed at

@@ -8,7 +8,7 @@ device, the way its ``cuda`` profile would, and the same work on the CPU beside 
 1. the target's own answers to the training prompts (transformers ``generate``: the GPU
    machine has no vLLM), written as speculators' ``regenerate-responses`` writes them;
 2. the job's ``prepare`` stage (speculators ``prepare-data``), then the hidden states at
-   the drafter's taps through ``specfleet.drafter.hidden_states_hf`` on the device;
+   the drafter's taps through ``specfleet.host.drafter.hidden_states_hf`` on the device;
 3. the job's ``train`` stage: speculators' EAGLE-3 trainer on the device (on a CPU with
    the job's ``cpu_compat`` layer, as the ``cpu`` profile runs it).
 
@@ -81,7 +81,7 @@ CARRIED_ROOTS = ("speculators", "gguf")
 def split_file(source: Path, folder: Path, name: str, part_size: int) -> dict[str, Any]:
     """Cut source into ``<name>.NN`` files of at most part_size bytes in folder; return
     the record that joins them again (every part's sha256 and the whole one's)."""
-    from specfleet.hashing import sha256_file
+    from specfleet.host.hashing import sha256_file
 
     folder.mkdir(parents=True, exist_ok=True)
     parts = []
@@ -101,7 +101,7 @@ class PartsError(RuntimeError):
 def join_parts(record: dict[str, Any], folders: list[Path], into: Path) -> Path:
     """The file a record describes, joined from its parts (each found in one of folders)
     and checked part by part and whole; nothing is left at ``into`` when a check fails."""
-    from specfleet.hashing import sha256_file
+    from specfleet.host.hashing import sha256_file
 
     located = []
     for part in record["parts"]:
@@ -141,7 +141,7 @@ def carried_distributions(python: Path) -> list[tuple[str, str]]:
     script = r"""
 import importlib.metadata as md, json, sys
 from packaging.requirements import Requirement
-from specfleet.stacklock import normalise_name as normal
+from specfleet.controller.stacklock import normalise_name as normal
 env = {"python_version": sys.argv[1], "python_full_version": sys.argv[1] + ".0",
        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
        "os_name": "posix", "implementation_name": "cpython",
@@ -184,12 +184,12 @@ def download_wheels(distributions: list[tuple[str, str]], into: Path) -> list[st
 
 def pack(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(SRC))
-    from specfleet.docprompts import build
-    from specfleet.ggufmodel import extract_member
-    from specfleet.hashing import sha256_file
-    from specfleet.stacklock import StackLock, StackSpec
-    from specfleet.stackvenv import stack_python
-    from specfleet.wheelhouse import ensure_wheelhouse
+    from specfleet.controller.stacklock import StackLock, StackSpec
+    from specfleet.controller.stackvenv import stack_python
+    from specfleet.controller.wheelhouse import ensure_wheelhouse
+    from specfleet.host.hashing import sha256_file
+    from specfleet.host.lab.docprompts import build
+    from specfleet.host.lab.ggufmodel import extract_member
 
     out = args.inputs
     shutil.rmtree(out, ignore_errors=True)
@@ -381,10 +381,10 @@ def generate(
 
 def stage_context(args: argparse.Namespace, target: Path, work: Path, device: str) -> Any:
     """The job's own stage context, so prepare and train run exactly as the job runs them."""
-    from specfleet.drafter.config import RunConfig
-    from specfleet.drafter.inputs import TargetFacts
-    from specfleet.drafter.progress import Progress
-    from specfleet.drafter.stages import Context
+    from specfleet.host.drafter.config import RunConfig
+    from specfleet.host.drafter.inputs import TargetFacts
+    from specfleet.host.drafter.progress import Progress
+    from specfleet.host.drafter.stages import Context
 
     config = RunConfig.from_dict(
         {
@@ -412,9 +412,9 @@ def one_device(
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from specfleet.drafter import stages
-    from specfleet.drafter.hidden_states_hf import extract_rows
-    from specfleet.drafter.inputs import layer_ids
+    from specfleet.host.drafter import stages
+    from specfleet.host.drafter.hidden_states_hf import extract_rows
+    from specfleet.host.drafter.inputs import layer_ids
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -471,8 +471,8 @@ def export_drafter(checkpoint: Path, target: Path, out: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specfleet.drafter.stages import data_only
-    from specfleet.drafter_store import DRAFTER_FILES
+    from specfleet.host.drafter.stages import data_only
+    from specfleet.host.drafter_store import DRAFTER_FILES
 
     folder = out / "drafter"
     shutil.rmtree(folder, ignore_errors=True)
@@ -550,8 +550,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     sys.path.insert(0, str(SRC))
     import torch
 
-    from specfleet.drafter.stages import heldout_groups
-    from specfleet.ggufmodel import convert
+    from specfleet.host.drafter.stages import heldout_groups
+    from specfleet.host.lab.ggufmodel import convert
 
     needed = ["torch", "transformers", "accelerate", "datasets", "speculators"]
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
@@ -612,7 +612,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 def accept(args: argparse.Namespace) -> int:
     """Acceptance and speed of the returned drafter, measured by vLLM's CPU build here."""
     sys.path.insert(0, str(SRC))
-    from specfleet.stackvenv import stack_python
+    from specfleet.controller.stackvenv import stack_python
 
     folder = args.folder.resolve()
     record = json.loads((folder / "drafter.json").read_text())
@@ -647,9 +647,9 @@ def measure(args: argparse.Namespace) -> int:
     """The stack venv's half of ``accept``: vLLM serves the target with the drafter."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specfleet import metrics
-    from specfleet.drafter import server as servers
-    from specfleet.drafter.config import RunConfig
+    from specfleet.host import metrics
+    from specfleet.host.drafter import server as servers
+    from specfleet.host.drafter.config import RunConfig
 
     prompts = [json.loads(line)["messages"] for line in args.heldout.read_text().splitlines()]
     config = RunConfig.from_dict(

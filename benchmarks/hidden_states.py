@@ -11,7 +11,7 @@ safetensors (the stack venv on a host, or the test suite's cached one)::
 
 * a bare transformers forward over the prepared rows (the decoder stack, no LM head,
   no ``output_hidden_states``): the floor for any transformers extraction;
-* the transformers extraction of :mod:`specfleet.drafter.hidden_states_hf`, into a
+* the transformers extraction of :mod:`specfleet.host.drafter.hidden_states_hf`, into a
   temporary directory, files written;
 * with ``--manifest`` (the vLLM hidden_states stage's ``manifest.json``), vLLM's figure
   from its ``outputs`` (tokens / extraction_s, server start-up excluded).
@@ -57,7 +57,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _layer_ids(args: argparse.Namespace, manifest: dict[str, Any] | None) -> list[int]:
-    from specfleet.drafter.inputs import TargetFacts, default_layer_ids
+    from specfleet.host.drafter.inputs import TargetFacts, default_layer_ids
 
     if args.layer_ids:
         return list(args.layer_ids)
@@ -113,14 +113,14 @@ def _figure(label: str, tokens: float, seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
-        import specfleet.drafter  # noqa: F401
+        import specfleet.host.drafter  # noqa: F401
     except ImportError:
         sys.path.insert(0, str(SRC))
 
     import torch
     from datasets import load_from_disk
 
-    from specfleet.drafter.hidden_states_hf import extract_rows, load_target, time_bare_forward
+    from specfleet.host.drafter.hidden_states_hf import extract_rows, load_target, time_bare_forward
 
     if args.threads:
         torch.set_num_threads(args.threads)

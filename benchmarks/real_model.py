@@ -11,10 +11,11 @@ measures. In order:
 1. the wheelhouses of locks ``cpu`` and ``smollm2`` and a venv of the cpu stack (the
    interpreter every step below runs with, as on a host);
 2. SmolLM2 converted from the GGUF in its wheel to bf16 safetensors
-   (``specfleet.ggufmodel``, the packaged_model role's converter), a prompt set from Python's
-   documentation (``specfleet.docprompts``) and an untrained drafter of SmolLM2's shapes
-   (``specfleet.drafter_init``);
-3. the drafter pipeline, ``python -m specfleet.drafter run``, the very job the
+   (``specfleet.host.lab.ggufmodel``, the packaged_model role's converter), a prompt set from
+   Python's
+   documentation (``specfleet.host.lab.docprompts``) and an untrained drafter of SmolLM2's shapes
+   (``specfleet.host.lab.drafter_init``);
+3. the drafter pipeline, ``python -m specfleet.host.drafter run``, the very job the
    drafter_training role runs (responses from the served target, hidden states through
    vLLM, speculators training, acceptance measured by vLLM on held-out topics, export),
    then the same command again, which must run no stage;
@@ -77,7 +78,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _stack_python() -> Path:
     """The cpu stack's venv, built from its wheelhouse as the tests build it."""
-    from specfleet.stackvenv import stack_python
+    from specfleet.controller.stackvenv import stack_python
 
     return stack_python("cpu")
 
@@ -94,8 +95,8 @@ def _run(python: Path, *args: str, label: str) -> float:
 def smollm2(python: Path, work: Path) -> Path:
     """SmolLM2 as bf16 safetensors, converted from the GGUF in its locked wheel by the
     packaged_model role's converter; once, in a folder named by the wheel's hash."""
-    from specfleet.stacklock import StackLock, StackSpec
-    from specfleet.wheelhouse import ensure_wheelhouse
+    from specfleet.controller.stacklock import StackLock, StackSpec
+    from specfleet.controller.wheelhouse import ensure_wheelhouse
 
     lock = StackLock.read(LOCK)
     house = ensure_wheelhouse(StackSpec.load(LOCK), lock).path
@@ -104,14 +105,14 @@ def smollm2(python: Path, work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     model = work / f"{LOCK}-{sha[:16]}"
     _run(
-        python, "-m", "specfleet.ggufmodel", str(wheel), str(model),
+        python, "-m", "specfleet.host.lab.ggufmodel", str(wheel), str(model),
         "--member", MEMBER, "--expect-sha256", sha, label="model",
     )  # fmt: skip
     return model
 
 
 def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
-    from specfleet.drafter.inputs import digest_of
+    from specfleet.host.drafter.inputs import digest_of
 
     work = args.work
     walls = {}
@@ -120,11 +121,19 @@ def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     walls["convert"] = time.monotonic() - started
     prompts = work / f"prompts-{args.prompts}.jsonl"
     if not prompts.exists():
-        _run(python, "-m", "specfleet.docprompts", str(prompts), "--count", str(args.prompts),
+        _run(python, "-m", "specfleet.host.lab.docprompts", str(prompts),
+             "--count", str(args.prompts),
              label="prompts")  # fmt: skip
     untrained = model.with_name(model.name + "-untrained-drafter")
     if not untrained.exists():
-        _run(python, "-m", "specfleet.drafter_init", str(model), str(untrained), label="drafter")
+        _run(
+            python,
+            "-m",
+            "specfleet.host.lab.drafter_init",
+            str(model),
+            str(untrained),
+            label="drafter",
+        )
     config = {
         "target": str(model),
         "dataset": str(prompts),
@@ -157,10 +166,12 @@ def controller(args: argparse.Namespace) -> int:
     python = _stack_python()
     inputs = _inputs(args, python)
     config = inputs["config"]
-    first = _run(python, "-m", "specfleet.drafter", "run", "--config", str(config), label="run")
+    first = _run(
+        python, "-m", "specfleet.host.drafter", "run", "--config", str(config), label="run"
+    )
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     finished = _stages_finished(config)
-    second = _run(python, "-m", "specfleet.drafter", "run", "--config", str(config),
+    second = _run(python, "-m", "specfleet.host.drafter", "run", "--config", str(config),
                   label="second run")  # fmt: skip
     again = _stages_finished(config)
     plan = {
@@ -216,7 +227,7 @@ def _speed(server: Any, prompts: list[Any], max_tokens: int, concurrency: int) -
 
 
 def _acceptance(server: Any, prompts: list[Any], max_tokens: int, k: int, concurrency: int) -> dict:
-    from specfleet import metrics
+    from specfleet.host import metrics
 
     before = metrics.spec_decode_counters(server.metrics())
     with ThreadPoolExecutor(concurrency) as pool:
@@ -235,9 +246,9 @@ def _extraction(
     import torch
     from datasets import load_from_disk
 
-    from specfleet.drafter import server as servers
-    from specfleet.drafter.hidden_states_hf import load_target, time_bare_forward
-    from specfleet.drafter.inputs import default_layer_ids
+    from specfleet.host.drafter import server as servers
+    from specfleet.host.drafter.hidden_states_hf import load_target, time_bare_forward
+    from specfleet.host.drafter.inputs import default_layer_ids
 
     data = load_from_disk(str(prepared))
     data = data.select(range(min(rows, len(data))))
@@ -290,8 +301,8 @@ def _planned(config: Any, facts: Any) -> Any:
     """The run's stages as the pipeline keys them (its folders, its manifests)."""
     import tempfile
 
-    from specfleet.drafter.progress import Progress
-    from specfleet.drafter.stages import STAGES, Context, plan
+    from specfleet.host.drafter.progress import Progress
+    from specfleet.host.drafter.stages import STAGES, Context, plan
 
     scratch = Path(tempfile.mkdtemp(prefix="real-model-plan-")) / "progress.json"
     ctx = Context(config, facts, Progress(scratch, "", [stage.name for stage in STAGES]))
@@ -300,9 +311,9 @@ def _planned(config: Any, facts: Any) -> Any:
 
 
 def measure(path: Path, as_json: bool) -> int:
-    from specfleet.drafter import server as servers
-    from specfleet.drafter.config import RunConfig
-    from specfleet.drafter.inputs import TargetFacts, read_rows
+    from specfleet.host.drafter import server as servers
+    from specfleet.host.drafter.config import RunConfig
+    from specfleet.host.drafter.inputs import TargetFacts, read_rows
 
     given = json.loads(path.read_text())
     options = given["options"]

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
 
 ROOT = repo_root()
 
 
 def load_plugin(relative: str, name: str) -> ModuleType:
-    """A plugin file of the project (``filter_plugins/lab.py``) as a module of its own, for
+    """A plugin file of the project (``plugins/filter/lab.py``) as a module of its own, for
     tests that call its functions directly."""
     spec = importlib.util.spec_from_file_location(name, ROOT / relative)
     assert spec and spec.loader

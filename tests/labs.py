@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
 
 
 def lab_inventory_with(tmp_path: Path, prefix: str, subnet: str, servers: int = 1) -> Path:
@@ -34,7 +34,7 @@ def lab_inventory_with(tmp_path: Path, prefix: str, subnet: str, servers: int = 
 def specfleet_json(*args: str, timeout: float = 1800) -> tuple[int, dict[str, Any]]:
     """Run `specfleet ARGS --json`; its exit code and its one JSON document."""
     run = subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", *args, "--json"],
+        [sys.executable, "-m", "specfleet.controller.cli", *args, "--json"],
         env={**os.environ, "SPECFLEET_ROOT": str(repo_root())},
         capture_output=True,
         text=True,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from specfleet.events import PlayResult, Recorder
-from specfleet.summary import ExitCode, Outcome, document, exit_code
+from specfleet.controller.events import PlayResult, Recorder
+from specfleet.controller.summary import ExitCode, Outcome, document, exit_code
 
 
 def ev(event: str, /, **data: Any) -> dict[str, Any]:

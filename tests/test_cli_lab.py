@@ -24,7 +24,7 @@ import pytest
 import yaml
 from labs import containers, specfleet_json
 
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
 
 HOST = "cli-lab-01"
 GHOST = "cli-lab-ghost"
@@ -178,7 +178,7 @@ def test_provision_piped_prints_plain_lines_and_changes_nothing(
 ) -> None:
     inventory, _ = lab
     run = subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", "provision", "-i", str(inventory)],
+        [sys.executable, "-m", "specfleet.controller.cli", "provision", "-i", str(inventory)],
         env={**os.environ, "SPECFLEET_ROOT": str(repo_root())},
         capture_output=True,
         text=True,

@@ -29,11 +29,11 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from specfleet.interrupt import child_groups
-from specfleet.lab_tour import tour
-from specfleet.paths import repo_root
-from specfleet.playbook import Session
-from specfleet.runopts import RunOptions
+from specfleet.controller.interrupt import child_groups
+from specfleet.controller.lab_tour import tour
+from specfleet.controller.paths import repo_root
+from specfleet.controller.playbook import Session
+from specfleet.controller.runopts import RunOptions
 
 ROOT = repo_root()
 METRICS = """\
@@ -50,7 +50,7 @@ def specfleet(
     env = {**os.environ, "SPECFLEET_CACHE": str(cache), "SPECFLEET_ROOT": str(root)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "specfleet.cli", *args],
+        [sys.executable, "-m", "specfleet.controller.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -311,7 +311,7 @@ def test_ctrl_c_stops_ansible_and_is_exit_130(tmp_path: Path, checkout: Path) ->
         "PYTHONPATH": str(ROOT / "src"),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "specfleet.cli", "train", "-i", str(inventory), "--json"],
+        [sys.executable, "-m", "specfleet.controller.cli", "train", "-i", str(inventory), "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

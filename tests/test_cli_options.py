@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.cli import build_parser, main
-from specfleet.runopts import VAULT_PROMPT, BadInput, RunOptions, merge_extra_vars, parse_extra_vars
+from specfleet.controller.cli import build_parser, main
+from specfleet.controller.runopts import (
+    VAULT_PROMPT,
+    BadInput,
+    RunOptions,
+    merge_extra_vars,
+    parse_extra_vars,
+)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from specfleet.events import HostTally, PlayResult, TaskFailure
-from specfleet.progress_view import (
+from specfleet.controller.events import HostTally, PlayResult, TaskFailure
+from specfleet.controller.progress_view import (
     TRAINING_TASK,
     FleetState,
     LiveView,
@@ -19,9 +19,9 @@ from specfleet.progress_view import (
     make_view,
     parse_training_line,
 )
-from specfleet.report import render_outcome
-from specfleet.status import fleet_status, status_table
-from specfleet.summary import ExitCode, Outcome
+from specfleet.controller.report import render_outcome
+from specfleet.controller.status import fleet_status, status_table
+from specfleet.controller.summary import ExitCode, Outcome
 
 
 def ev(event: str, /, **data: Any) -> dict[str, Any]:
@@ -350,8 +350,8 @@ def test_the_lab_summary_says_what_the_user_now_has() -> None:
 
 def test_the_next_commands_carry_the_labs_own_inventory() -> None:
     """A lab brought up with -i (inventory/lab-smollm2) is driven with the same -i."""
-    from specfleet.lab_tour import tour
-    from specfleet.runopts import RunOptions
+    from specfleet.controller.lab_tour import tour
+    from specfleet.controller.runopts import RunOptions
 
     default = tour(RunOptions(), {"servers": {}})
     assert default["next"][:2] == ["specfleet status", "specfleet train"]

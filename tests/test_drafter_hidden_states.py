@@ -1,4 +1,4 @@
-"""specfleet.drafter.hidden_states_hf against transformers itself, on the real tiny target.
+"""specfleet.host.drafter.hidden_states_hf against transformers itself, on the real tiny target.
 
 The pytest process has no torch, so one script runs in the cached stack venv: it builds a
 small prepared dataset from the tiny target's prompts, extracts hidden states, computes
@@ -23,8 +23,8 @@ from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specfleet.drafter.hidden_states_hf import bare_forward_tokens_per_s, extract
-from specfleet.drafter.progress import Progress
+from specfleet.host.drafter.hidden_states_hf import bare_forward_tokens_per_s, extract
+from specfleet.host.drafter.progress import Progress
 
 # One thread: torch's default spin-waits against other work on a shared machine.
 torch.set_num_threads(1)
@@ -95,7 +95,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    from specfleet.stackvenv import generate_tiny_models, run_json, stack_python
+    from specfleet.controller.stackvenv import generate_tiny_models, run_json, stack_python
 
     python = stack_python("cpu")
     models = tmp_path_factory.mktemp("tiny")

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from specfleet.drafter.config import ConfigError, RunConfig
-from specfleet.drafter.inputs import TargetFacts, default_layer_ids, preflight
-from specfleet.drafter.progress import Progress
-from specfleet.drafter.stages import STAGES, Context, latest_checkpoint, plan
+from specfleet.host.drafter.config import ConfigError, RunConfig
+from specfleet.host.drafter.inputs import TargetFacts, default_layer_ids, preflight
+from specfleet.host.drafter.progress import Progress
+from specfleet.host.drafter.stages import STAGES, Context, latest_checkpoint, plan
 
 
 def make_target(root: Path, layers: int = 8, vocab: int = 785, hidden: int = 128) -> Path:
@@ -97,7 +97,7 @@ def test_too_little_disk_is_named_with_the_estimate(
 ) -> None:
     config = settings(tmp_path)
     free = shutil.disk_usage(tmp_path)._replace(free=1 << 20)
-    monkeypatch.setattr("specfleet.drafter.inputs.shutil.disk_usage", lambda _path: free)
+    monkeypatch.setattr("specfleet.host.drafter.inputs.shutil.disk_usage", lambda _path: free)
     (problem,) = preflight(config, count_tokens=lambda _text: 10).problems
     # 60 rows x (10 prompt + 128 response tokens) x 4 layers x 128 x 2 bytes = 8.1 MiB
     assert "too little disk" in problem and "8.1 MiB needed" in problem, problem
@@ -127,14 +127,14 @@ def test_run_id_is_stable_and_only_changed_stages_get_new_keys(tmp_path: Path) -
 
 
 def test_one_process_per_gpu_trains_under_torchrun_as_another_run(tmp_path: Path) -> None:
-    from specfleet.drafter.stages import trainer_command
+    from specfleet.host.drafter.stages import trainer_command
 
     single = settings(tmp_path, cpu_compat=False)
     eight = RunConfig.from_dict({**single.as_dict(), "train_processes": 8})
-    assert trainer_command(single)[1:] == ["-m", "specfleet.drafter.train_entry"]
+    assert trainer_command(single)[1:] == ["-m", "specfleet.host.drafter.train_entry"]
     command = trainer_command(eight)
     assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    assert command[5:] == ["8", "-m", "specfleet.drafter.train_entry"]
+    assert command[5:] == ["8", "-m", "specfleet.host.drafter.train_entry"]
     # Splitting the batches across processes is another training run; the default keeps
     # the key every run trained before this setting had.
     first, split = context(single), context(eight)
@@ -188,8 +188,8 @@ def test_progress_estimates_time_left(tmp_path: Path) -> None:
 
 def test_the_exported_drafter_asks_for_no_code(tmp_path: Path) -> None:
     """speculators saves an auto_map with its checkpoints; publication refuses one."""
-    from specfleet.drafter.stages import data_only
-    from specfleet.drafter_store import config_problems
+    from specfleet.host.drafter.stages import data_only
+    from specfleet.host.drafter_store import config_problems
 
     config = tmp_path / "config.json"
     saved = {"speculators_model_type": "eagle3", "auto_map": {"": "config.Eagle3Config"}}

@@ -1,4 +1,4 @@
-"""src/specfleet/drafter_store.py: publication takes nothing on the training account's word.
+"""src/specfleet/host/drafter_store.py: publication takes nothing on the training account's word.
 
 Each attack of the trust-boundary review is performed here first (a forged digest, a
 traversal, a planted link in every position, a config that asks for remote code, bytes that
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.drafter_store import (
+from specfleet.host.drafter_store import (
     StoreError,
     collect,
     config_problems,
@@ -33,7 +33,7 @@ def export(anchor: Path, config: dict | None = None) -> tuple[str, Path]:
     staging.mkdir(parents=True)
     (staging / "config.json").write_text(json.dumps(config or CONFIG))
     (staging / "model.safetensors").write_bytes(b"weights" * 100)
-    from specfleet.drafter.inputs import directory_digest
+    from specfleet.host.drafter.inputs import directory_digest
 
     digest = directory_digest(staging)
     final = staging.with_name(digest)

@@ -37,7 +37,7 @@ import yaml
 from doorclient import Door, Load
 from labs import LabUnderTest, containers, lab_inventory_with, specfleet_json
 
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
 
 pytestmark = [
     pytest.mark.docker,
@@ -163,7 +163,7 @@ class Upgrade:
         self.log = log
         command = ["upgrade", "-i", str(lab.inventory), "--lock", lock, "--json"]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "specfleet.cli", *command],
+            [sys.executable, "-m", "specfleet.controller.cli", *command],
             env={**os.environ, "SPECFLEET_ROOT": str(repo_root())},
             stdout=log.open("w"),
             stderr=subprocess.DEVNULL,

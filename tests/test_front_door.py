@@ -1,6 +1,6 @@
 """The front door, attacked: every route of the served vLLM, through the lab's balancer.
 
-The routes come from the installed vLLM itself (``python -m specfleet.routes --every-task``
+The routes come from the installed vLLM itself (``python -m specfleet.host.routes --every-task``
 on a server host: vLLM's own ``build_app`` for every task, plus every router in its
 ``*api_router`` modules), not from a list written here, so a route a new vLLM release adds
 is attacked too. Each is sent through the balancer's TLS front door with every method it
@@ -105,7 +105,7 @@ def routes(lab_under_test: LabUnderTest) -> list[dict[str, Any]]:
                 "PYTHONPATH=/opt/specfleet/lib/current",
                 "/opt/specfleet/venvs/current/bin/python",
                 "-m",
-                "specfleet.routes",
+                "specfleet.host.routes",
                 "--pid",
                 pid.strip(),
                 "--every-task",

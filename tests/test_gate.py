@@ -1,4 +1,4 @@
-"""src/specfleet/gate.py, the vllm_server health gate, against a stub vLLM on loopback.
+"""src/specfleet/host/gate.py, the vllm_server health gate, against a stub vLLM on loopback.
 
 The real gate runs against the real vLLM server in the vllm_server and drafter_training
 Molecule scenarios; here a stub of vLLM's three endpoints (named as such) makes each way the
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from specfleet import gate
+from specfleet.host import gate
 
 KEY = "sk-test"
 

@@ -81,7 +81,7 @@ def test_the_machines_package_list_is_names() -> None:
 def test_the_command_runs_on_a_cpu_and_its_drafter_is_measured_by_vllm(
     tmp_path: Path,
 ) -> None:
-    from specfleet.stackvenv import generate_tiny_models, stack_python
+    from specfleet.controller.stackvenv import generate_tiny_models, stack_python
 
     python = stack_python("cpu")
     models = tmp_path / "models"

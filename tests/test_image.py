@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specfleet.image import IMAGE_REPOSITORY, ImageRecipe
+from specfleet.controller.image import IMAGE_REPOSITORY, ImageRecipe
 
 
 def test_tag_is_keyed_by_the_recipe():

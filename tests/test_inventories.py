@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
 
 ROOT = repo_root()
 BIN = Path(sys.executable).parent

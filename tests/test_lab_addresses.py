@@ -1,4 +1,4 @@
-"""filter_plugins/lab.py: the lab's host addresses are checked before a container is made."""
+"""plugins/filter/lab.py: the lab's host addresses are checked before a container is made."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-_lab = load_plugin("filter_plugins/lab.py", "specfleet_lab_filter")
+_lab = load_plugin("plugins/filter/lab.py", "specfleet_lab_filter")
 problems = _lab.lab_address_problems
 
 SUBNET = "172.30.240.0/24"

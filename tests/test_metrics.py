@@ -1,11 +1,11 @@
-"""src/specfleet/metrics.py: the one reader of vLLM's speculative counters (prometheus_client's
+"""src/specfleet/host/metrics.py: the one reader of vLLM's speculative counters (prometheus_client's
 text parser), and the acceptance figures from two snapshots."""
 
 from __future__ import annotations
 
 import pytest
 
-from specfleet.metrics import REQUESTS_RUNNING, acceptance, gauge, spec_decode_counters
+from specfleet.host.metrics import REQUESTS_RUNNING, acceptance, gauge, spec_decode_counters
 
 METRICS = """\
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -6,11 +6,11 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from specfleet.paths import repo_root
-from specfleet.stacklock import StackLock
+from specfleet.controller.paths import repo_root
+from specfleet.controller.stacklock import StackLock
 
-filters = load_plugin("filter_plugins/ml_stack.py", "ml_stack_filters")
-#: As Jinja sees them: some are the controller's own functions (specfleet.stacklock).
+filters = load_plugin("plugins/filter/ml_stack.py", "ml_stack_filters")
+#: As Jinja sees them: some are the controller's own functions (specfleet.controller.stacklock).
 FILTERS = filters.FilterModule().filters()
 
 H100_VENV = {"torch": "2.8.0+cu128", "cuda": "12.8", "cxx11abi": True, "python": "cp312"}

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.image import ensure_image
-from specfleet.paths import cache_dir, repo_root
-from specfleet.stacklock import StackLock, StackSpec
-from specfleet.wheelhouse import ensure_wheelhouse
+from specfleet.controller.image import ensure_image
+from specfleet.controller.paths import cache_dir, repo_root
+from specfleet.controller.stacklock import StackLock, StackSpec
+from specfleet.controller.wheelhouse import ensure_wheelhouse
 
 ROOT = repo_root()
 # Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.

@@ -1,4 +1,4 @@
-"""Tests for library/nvidia_gpu_facts.py.
+"""Tests for plugins/modules/nvidia_gpu_facts.py.
 
 This machine has no NVIDIA GPU. Every test that stands in for real hardware puts a fake
 `nvidia-smi` executable on a temporary path that prints what nvidia-smi prints on such a
@@ -24,7 +24,7 @@ from conftest import Ansible
 from fixtures.fake_nvidia_smi import install_fake_nvidia_smi
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE = REPO / "library" / "nvidia_gpu_facts.py"
+MODULE = REPO / "plugins" / "modules" / "nvidia_gpu_facts.py"
 VENV_BIN = Path(sys.executable).parent
 
 H200_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]

@@ -571,7 +571,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory, apt_repos: dict[str, obje
         tmp_path,
         RENDER_PLAY.format(role=ROLE, out=out),
         inventory=str(inventory),
-        env_extra={"ANSIBLE_LIBRARY": f"{library}:{REPO / 'library'}"},
+        env_extra={"ANSIBLE_LIBRARY": f"{library}:{REPO / 'plugins' / 'modules'}"},
     )
     assert rc == 0, json.dumps(result["stats"]) + stderr
     return out
@@ -1298,7 +1298,7 @@ def run_secure_boot_check(
         json.dumps(variables),
         env_extra={
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "ANSIBLE_LIBRARY": f"{library}:{REPO / 'library'}",
+            "ANSIBLE_LIBRARY": f"{library}:{REPO / 'plugins' / 'modules'}",
         },
     )
     assert_nothing_changed(result)

@@ -1,4 +1,4 @@
-"""filter_plugins/profile.py: a role's profile vars file, or a message naming the setting."""
+"""plugins/filter/profile.py: a role's profile vars file, or a message naming the setting."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import ROOT, load_plugin
 
-profile = load_plugin("filter_plugins/profile.py", "specfleet_profile_filter")
+profile = load_plugin("plugins/filter/profile.py", "specfleet_profile_filter")
 
 ML_STACK = ROOT / "roles" / "ml_stack"
 

@@ -15,11 +15,11 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from specfleet import docprompts, drafter_init, ggufmodel
-from specfleet.drafter.stages import heldout_groups
-from specfleet.paths import repo_root
+from specfleet.controller.paths import repo_root
+from specfleet.host.drafter.stages import heldout_groups
+from specfleet.host.lab import docprompts, drafter_init, ggufmodel
 
-filters = load_plugin("filter_plugins/ml_stack.py", "ml_stack_filters")
+filters = load_plugin("plugins/filter/ml_stack.py", "ml_stack_filters")
 
 SMOLLM2_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -143,7 +143,7 @@ def test_a_folder_holding_another_conversion_is_not_overwritten(tmp_path: Path):
 
 
 def test_a_folder_holding_this_conversion_is_kept_as_it_is(tmp_path: Path):
-    from specfleet.hashing import sha256_file
+    from specfleet.host.hashing import sha256_file
 
     wheel = _wheel(tmp_path)
     out = tmp_path / "converted"

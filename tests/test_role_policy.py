@@ -37,8 +37,8 @@ TASK_KEYS = {
     "become", "become_user", "delegate_to", "run_once", "until", "retries", "delay",
     "async", "poll", "check_mode", "ignore_errors", "args",
 }  # fmt: skip
-# The project's own modules: library/*.py.
-MODULES_OF_OURS = {path.stem for path in (ROOT / "library").glob("*.py")}
+# The project's own modules: plugins/modules/*.py.
+MODULES_OF_OURS = {path.stem for path in (ROOT / "plugins" / "modules").glob("*.py")}
 
 
 def load(path: Path) -> Any:

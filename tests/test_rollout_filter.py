@@ -1,4 +1,4 @@
-"""filter_plugins/rollout.py: the seconds each step of a host's rollout took."""
+"""plugins/filter/rollout.py: the seconds each step of a host's rollout took."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-rollout = load_plugin("filter_plugins/rollout.py", "specfleet_rollout_filter")
+rollout = load_plugin("plugins/filter/rollout.py", "specfleet_rollout_filter")
 
 
 def test_each_step_lasts_until_the_next_one_starts_in_time_order() -> None:

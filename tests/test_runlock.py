@@ -1,4 +1,4 @@
-"""The host's stack lock and whether its owner is gone (src/specfleet/runlock.py,
+"""The host's stack lock and whether its owner is gone (src/specfleet/controller/runlock.py,
 roles/ml_stack/files/ml-stack-lock): a run interrupted while it held the lock must not
 block the next one, and a run that is alive must not lose it."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from specfleet.runlock import process_started, stale_reason, this_run
+from specfleet.controller.runlock import process_started, stale_reason, this_run
 
 SCRIPT = ROOT / "roles" / "ml_stack" / "files" / "ml-stack-lock"
 HERE = socket.gethostname()
@@ -101,13 +101,13 @@ def test_the_run_is_the_topmost_ansible_playbook_not_the_worker_taking_the_lock(
     # A worker is a fork of ansible-playbook with its command line; it ends with its task,
     # while the lock it takes must outlive it (two runs of one controller found each other's
     # worker gone and both built the same venv).
-    from specfleet.runlock import _playbook_pid
+    from specfleet.controller.runlock import _playbook_pid
 
     playbook = "/venv/bin/python3 /venv/bin/ansible-playbook -i hosts site.yml"
     proc = fake_proc(
         tmp_path,
         {
-            10: (1, "python3 -m specfleet.cli provision"),
+            10: (1, "python3 -m specfleet.controller.cli provision"),
             20: (10, playbook),
             30: (20, playbook),
         },

@@ -1,4 +1,4 @@
-"""library/specfleet_directories.py, run by Ansible on this machine: the layout in one call,
+"""plugins/modules/specfleet_directories.py, run by Ansible on this machine: the layout in one call,
 and a planted link (or a file) where a folder belongs fails the run before anything changes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""library/specfleet_files.py, run by Ansible on this machine: a role's files in one call.
+"""plugins/modules/specfleet_files.py, run by Ansible on this machine: a role's files in one call.
 
 What it replaces must not be seen to change: content rendered with lookup('template') and
 lookup('file', rstrip=false) is byte for byte what the template and copy modules wrote, so a

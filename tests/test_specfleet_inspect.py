@@ -1,4 +1,4 @@
-"""library/specfleet_inspect.py, run by Ansible on this machine: one call answers what a
+"""plugins/modules/specfleet_inspect.py, run by Ansible on this machine: one call answers what a
 role's re-run asks (paths, small files, accounts, packages, units, globs), and the answers
 are the ones the builtin modules it replaces give."""
 
@@ -217,7 +217,9 @@ def test_checksums_are_the_ones_stat_and_find_report(ansible: Ansible, tmp_path:
 def test_which_venvs_a_process_tree_runs_from(tmp_path: Path) -> None:
     """What a server runs is its processes: a child that maps a file of another venv shows."""
 
-    inspect_module = load_plugin("library/specfleet_inspect.py", "specfleet_inspect_under_test")
+    inspect_module = load_plugin(
+        "plugins/modules/specfleet_inspect.py", "specfleet_inspect_under_test"
+    )
     other = tmp_path / "venvs" / "bbbb" / "lib.so"
     other.parent.mkdir(parents=True)
     other.write_bytes(b"\0" * 4096)

@@ -1,4 +1,4 @@
-"""filter_plugins/speculative.py: the --speculative-config JSON, called directly and by Ansible."""
+"""plugins/filter/speculative.py: the --speculative-config JSON, called directly and by Ansible."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import ROOT, load_plugin
 
-PLUGIN = ROOT / "filter_plugins" / "speculative.py"
+PLUGIN = ROOT / "plugins" / "filter" / "speculative.py"
 
-speculative = load_plugin("filter_plugins/speculative.py", "specfleet_speculative_filter")
+speculative = load_plugin("plugins/filter/speculative.py", "specfleet_speculative_filter")
 speculative_config = speculative.speculative_config
 
 BASE = {"method": "eagle3", "model": "/srv/drafter", "num_speculative_tokens": 3}
@@ -100,7 +100,7 @@ def test_methods_without_drafter_need_no_model():
 
 
 def test_eagle3_in_known_methods():
-    from specfleet.speculative import DRAFT_CHECKPOINT_METHODS, VLLM_SPECULATIVE_METHODS
+    from specfleet.host.speculative import DRAFT_CHECKPOINT_METHODS, VLLM_SPECULATIVE_METHODS
 
     assert "eagle3" in VLLM_SPECULATIVE_METHODS
     assert DRAFT_CHECKPOINT_METHODS <= VLLM_SPECULATIVE_METHODS

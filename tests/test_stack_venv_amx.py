@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from specfleet.stackvenv import stack_python
+from specfleet.controller.stackvenv import stack_python
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.paths import repo_root
-from specfleet.stacklock import (
+from specfleet.controller.paths import repo_root
+from specfleet.controller.stacklock import (
     StackLock,
     StackSpec,
     artifact_sha256,

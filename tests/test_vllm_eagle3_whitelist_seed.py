@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from vllm_releases import REPO, make_interpreter, run_module
 
-from specfleet.stackvenv import seed_python, site_packages
+from specfleet.controller.stackvenv import seed_python, site_packages
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_seed_failure_fixed_by_the_module(tmp_path: Path) -> None:
     python = overlay(seed, tmp_path / "venv")
     models = tmp_path / "models"
     subprocess.run(
-        [str(python), "-m", "specfleet.tinymodels", str(models), "--arch", "mistral"],
+        [str(python), "-m", "specfleet.host.lab.tinymodels", str(models), "--arch", "mistral"],
         check=True,
         capture_output=True,
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-from specfleet.stackvenv import generate_tiny_models, stack_python
+from specfleet.controller.stackvenv import generate_tiny_models, stack_python
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-_filter = load_plugin("filter_plugins/speculative.py", "specfleet_speculative_filter_e2e")
+_filter = load_plugin("plugins/filter/speculative.py", "specfleet_speculative_filter_e2e")
 speculative_config = _filter.speculative_config
 
 HEALTH_TIMEOUT_S = 300

@@ -69,7 +69,7 @@ def test_unit_with_defaults_cuda(ansible):
     cmd = exec_start(unit)
     # By the venv's own folder: a switch of `current` never changes what a restart runs.
     assert cmd.startswith(
-        "ExecStart=/opt/specfleet/venvs/0123456789abcdef/bin/python -m specfleet.serve"
+        "ExecStart=/opt/specfleet/venvs/0123456789abcdef/bin/python -m specfleet.host.serve"
     )
     assert "--model /var/lib/specfleet/models/target" in cmd
     assert "--host 127.0.0.1 --port 8000" in cmd

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specfleet.stacklock import StackLock, StackSpec
-from specfleet.wheelhouse import (
+from specfleet.controller.stacklock import StackLock, StackSpec
+from specfleet.controller.wheelhouse import (
     WheelhouseError,
     ensure_wheelhouse,
     sha256_prefixed,

@@ -10,7 +10,7 @@ Everything fetched here is cached by content outside the checkout, under
 
 A cache entry is only used when its marker is present and every kept file still
 has the recorded hash; anything else is rebuilt. (Real vLLM environments, for the
-seed's failure, come from specfleet.stackvenv.)
+seed's failure, come from specfleet.controller.stackvenv.)
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specfleet.hashing import sha256_file
-from specfleet.paths import cache_dir
-from specfleet.stackvenv import locked, site_packages
+from specfleet.controller.paths import cache_dir
+from specfleet.controller.stackvenv import locked, site_packages
+from specfleet.host.hashing import sha256_file
 
 RELEASES = (
     "0.8.5",
@@ -173,7 +173,7 @@ def install_release(folder: Path, site: Path) -> dict[str, Path]:
 # ---- running the module the way Ansible does ------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
-MODULE = REPO / "library" / "vllm_eagle3_whitelist.py"
+MODULE = REPO / "plugins" / "modules" / "vllm_eagle3_whitelist.py"
 
 
 def run_module(
