@@ -15,6 +15,8 @@ seed's failure, come from specfleet.controller.stackvenv.)
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import shutil
@@ -174,6 +176,8 @@ def install_release(folder: Path, site: Path) -> dict[str, Path]:
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "plugins" / "modules" / "vllm_eagle3_whitelist.py"
+#: What the module imports besides Ansible: the project's module_utils files.
+MODULE_UTILS = REPO / "plugins" / "module_utils"
 
 
 def run_module(
@@ -188,7 +192,11 @@ def run_module(
     pythonpath: str | None = None,
 ) -> tuple[int, dict[str, object]]:
     """Run the module as Ansible runs a Python module: a process reading its arguments as
-    JSON ({"ANSIBLE_MODULE_ARGS": ...}) and answering one JSON object on stdout."""
+    JSON ({"ANSIBLE_MODULE_ARGS": ...}) and answering one JSON object on stdout.
+
+    Its module_utils are where the installed collection specfleet.fleet keeps them (the
+    module's fallback import, see collection_root), unless pythonpath holds them itself
+    (stage_module's, where Ansible's payload puts them)."""
     internal: dict[str, object] = {"_ansible_check_mode": check, "_ansible_diff": diff}
     if tmpdir is not None:
         internal |= {"_ansible_remote_tmp": str(tmpdir), "_ansible_tmpdir": str(tmpdir)}
@@ -196,7 +204,11 @@ def run_module(
     proc = subprocess.run(
         [*prefix, interpreter, str(module)],
         input=payload,
-        env={**os.environ, "PYTHONPATH": pythonpath or str(Path(ansible_path()).parent)},
+        env={
+            **os.environ,
+            "PYTHONPATH": pythonpath
+            or os.pathsep.join([collection_root(), str(Path(ansible_path()).parent)]),
+        },
         capture_output=True,
         text=True,
         cwd="/",
@@ -209,14 +221,29 @@ def run_module(
     return proc.returncode, result
 
 
+@functools.cache
+def collection_root() -> str:
+    """A folder holding ansible_collections/specfleet/fleet/plugins/module_utils, a copy of
+    the project's module_utils as the installed collection would hold them; made once for
+    this process and removed when it exits."""
+    root = Path(tempfile.mkdtemp(prefix="specfleet-collection-"))
+    atexit.register(shutil.rmtree, root, True)
+    place = root / "ansible_collections" / "specfleet" / "fleet" / "plugins" / "module_utils"
+    shutil.copytree(MODULE_UTILS, place, ignore=shutil.ignore_patterns("__pycache__"))
+    return str(root)
+
+
 def stage_module(folder: Path) -> tuple[Path, str]:
     """Copy the module and the ansible package it imports into folder, for a run as
-    another user (the checkout and its venv may be readable by root only).
+    another user (the checkout and its venv may be readable by root only), with the
+    project's module_utils in ansible/module_utils, where Ansible's payload puts them.
     Returns the module's path and the PYTHONPATH to give it."""
     module = folder / MODULE.name
     shutil.copyfile(MODULE, module)
     pylib = folder / "pylib"
     shutil.copytree(ansible_path(), pylib / "ansible", ignore=shutil.ignore_patterns("__pycache__"))
+    for util in sorted(MODULE_UTILS.glob("*.py")):
+        shutil.copyfile(util, pylib / "ansible" / "module_utils" / util.name)
     return module, str(pylib)
 
 

