@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from specfleet.controller.paths import repo_root
+from specfleet.controller.paths import ensure_collection_link, repo_root
 
 ROOT = repo_root()
+# The roles name the project's plugins specfleet.fleet.*: ansible.cfg finds the checkout so.
+ensure_collection_link(ROOT)
 
 
 def load_plugin(relative: str, name: str) -> ModuleType:

@@ -1,19 +1,16 @@
-"""plugins/module_utils: the modules' pure logic, found by Ansible from the repository and from
-the collection specfleet.fleet alike.
+"""plugins/module_utils: the modules' pure logic, found by Ansible as the collection's, from
+the checkout and from an installed copy alike.
 
 - Nothing in module_utils imports Ansible (nor anything outside the standard library): the
   files load with ``python -S`` (no site-packages).
-- A module imports a project module_utils file only in one form: a top-level ``try`` that
-  imports it as ``ansible.module_utils.<name>`` (ansible.cfg's ``module_utils`` path, a run
-  from the checkout), whose one ``except ImportError`` imports the same names from
-  ``ansible_collections.specfleet.fleet.plugins.module_utils.<name>`` (the installed
-  collection). Ansible's dependency finder takes an import that is not at the top level as
-  optional, so either may be missing from its payload; each needs the other.
+- A module imports a project module_utils file in one form only, the collection's
+  (``ansible_collections.specfleet.fleet.plugins.module_utils.<name>``), at its top level:
+  the checkout is that collection too (ansible.cfg's collections_path links it), so there
+  is no second form to keep equal.
 - Run through Ansible with the project's ansible.cfg, the whitelist module finds its
-  module_utils there, and without that setting it does not (the control).
+  module_utils through that link, and without it it does not (the control).
 
-The other form is exercised by every run of tests/vllm_releases.py's run_module, which lays
-the files out as the installed collection does.
+tests/test_collection.py runs the module from a built and installed copy of the collection.
 """
 
 from __future__ import annotations
@@ -29,17 +26,13 @@ from vllm_releases import FakeVllm
 
 UTILS = ROOT / "plugins" / "module_utils"
 OURS = {path.stem for path in UTILS.glob("*.py")}
-REPO_FORM = "ansible.module_utils."
 COLLECTION_FORM = "ansible_collections.specfleet.fleet.plugins.module_utils."
 SOURCES = sorted((ROOT / "plugins" / "modules").glob("*.py")) + sorted(UTILS.glob("*.py"))
 
 
-def names(node: ast.ImportFrom) -> list[tuple[str, str | None]]:
-    return [(alias.name, alias.asname) for alias in node.names]
-
-
 def imports_of_ours(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import, anywhere in the file, that names a project module_utils file."""
+    """Every import, anywhere in the file, that names a project module_utils file in any
+    form (the collection's, or ansible.module_utils.<name>, a path only the checkout had)."""
     found: list[ast.Import | ast.ImportFrom] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -51,45 +44,14 @@ def imports_of_ours(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
         if any(
             name.startswith(prefix) and name[len(prefix) :].split(".")[0] in OURS
             for name in dotted
-            for prefix in (REPO_FORM, COLLECTION_FORM)
+            for prefix in ("ansible.module_utils.", COLLECTION_FORM)
         ):
             found.append(node)
     return found
 
 
-def both_forms(node: ast.stmt) -> str | None:
-    """The module_utils file a top-level statement imports in both forms, or None."""
-    if not (
-        isinstance(node, ast.Try)
-        and len(node.body) == 1
-        and len(node.handlers) == 1
-        and not node.orelse
-        and not node.finalbody
-    ):
-        return None
-    (first,), handler = node.body, node.handlers[0]
-    if not (
-        isinstance(handler.type, ast.Name)
-        and handler.type.id == "ImportError"
-        and len(handler.body) == 1
-    ):
-        return None
-    (second,) = handler.body
-    if not (
-        isinstance(first, ast.ImportFrom)
-        and isinstance(second, ast.ImportFrom)
-        and first.level == second.level == 0
-        and (first.module or "").startswith(REPO_FORM)
-    ):
-        return None
-    name = (first.module or "")[len(REPO_FORM) :]
-    if name not in OURS or second.module != COLLECTION_FORM + name:
-        return None
-    return name if names(first) == names(second) else None
-
-
 def test_module_utils_need_nothing_but_the_standard_library() -> None:
-    assert {"specfleet_eagle3_shapes", "specfleet_eagle3_probes", "specfleet_safe_files"} <= OURS
+    assert {"eagle3_shapes", "eagle3_probes", "safe_files"} <= OURS
     for path in sorted(UTILS.glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -127,36 +89,32 @@ def test_module_utils_need_nothing_but_the_standard_library() -> None:
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[path.name for path in SOURCES])
-def test_module_utils_are_imported_in_both_forms(path: Path) -> None:
+def test_module_utils_are_imported_as_the_collections_at_the_top(path: Path) -> None:
     tree = ast.parse(path.read_text())
-    paired = {id(node): both_forms(node) for node in tree.body}
-    allowed = {
-        id(inner)
-        for node in tree.body
-        if paired[id(node)]
-        for inner in ast.walk(node)
-        if isinstance(inner, ast.ImportFrom)
-    }
-    stray = [node.lineno for node in imports_of_ours(tree) if id(node) not in allowed]
-    assert not stray, (
-        f"{path.name}: lines {stray} import project module_utils outside "
-        f"`try: from {REPO_FORM}<name> import ... / except ImportError: from "
-        f"{COLLECTION_FORM}<name> import (the same names)`"
+    top_level = {id(node) for node in tree.body}
+    wrong = [
+        node.lineno
+        for node in imports_of_ours(tree)
+        if id(node) not in top_level
+        or not isinstance(node, ast.ImportFrom)
+        or not (node.module or "").startswith(COLLECTION_FORM)
+    ]
+    assert not wrong, (
+        f"{path.name}: lines {wrong} import project module_utils otherwise than "
+        f"`from {COLLECTION_FORM}<name> import ...` at the top level"
     )
-    imported = [name for name in paired.values() if name]
-    assert len(imported) == len(set(imported)), f"{path.name} imports a file twice"
     if path.name == "vllm_eagle3_whitelist.py":
-        assert set(imported) == {
-            "specfleet_eagle3_probes",
-            "specfleet_eagle3_shapes",
-            "specfleet_safe_files",
-        }
+        imported = {node.module.removeprefix(COLLECTION_FORM) for node in imports_of_ours(tree)}
+        assert imported == {"eagle3_probes", "eagle3_shapes", "safe_files"}
 
 
-def test_ansible_finds_the_module_utils_through_ansible_cfg(ansible, tmp_path: Path) -> None:
-    """The module through ansible-playbook, with the project's ansible.cfg: its module_utils
-    come from `module_utils = plugins/module_utils`. The control, an ansible.cfg without that
-    line, fails on the import (no collection specfleet.fleet is installed here)."""
+def test_ansible_finds_the_module_utils_through_the_collection_link(
+    ansible, tmp_path: Path
+) -> None:
+    """The module through ansible-playbook, with the project's ansible.cfg: it and its
+    module_utils come from the checkout as the collection (collections_path). The control, an
+    ansible.cfg that finds the module file by a library path but no collection, fails on the
+    module_utils and changes nothing."""
     vllm = FakeVllm(tmp_path / "vllm", "0.21.0")
     play = [
         {
@@ -165,7 +123,7 @@ def test_ansible_finds_the_module_utils_through_ansible_cfg(ansible, tmp_path: P
             "tasks": [
                 {
                     "name": "the whitelist module",
-                    "vllm_eagle3_whitelist": {
+                    "specfleet.fleet.vllm_eagle3_whitelist": {
                         "python": str(vllm.python),
                         "model_types": ["mistral"],
                     },
@@ -179,12 +137,17 @@ def test_ansible_finds_the_module_utils_through_ansible_cfg(ansible, tmp_path: P
     assert result["verified"] is True and result["added"] == ["mistral"], result
 
     bare = tmp_path / "bare.cfg"
-    bare.write_text(f"[defaults]\nlibrary = {ROOT / 'plugins' / 'modules'}\n")
+    bare.write_text(
+        f"[defaults]\nlibrary = {ROOT / 'plugins' / 'modules'}\n"
+        f"collections_path = {tmp_path / 'no-collections'}\n"
+    )
+    task = play[0]["tasks"][0]
+    task["vllm_eagle3_whitelist"] = task.pop("specfleet.fleet.vllm_eagle3_whitelist")
     before = vllm.snapshot()
     control = ansible.playbook(play, json_output=True, env={"ANSIBLE_CONFIG": str(bare)})
     assert control.returncode != 0
     failed = json_result(control)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     assert failed.get("failed") is True, failed
-    # the repository form was missing, so the module fell back to the collection's
-    assert "No module named 'ansible_collections.specfleet'" in failed["msg"], failed
+    # Ansible could not build the module's payload: its module_utils are the collection's
+    assert "unable to locate collection specfleet.fleet" in failed["msg"], failed
     assert vllm.snapshot() == before

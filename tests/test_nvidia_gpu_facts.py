@@ -136,7 +136,7 @@ def run_module_ansible(args: dict[str, object], tmp_path: Path) -> tuple[int, di
     """Run the module through `ansible localhost -m nvidia_gpu_facts` (AnsiballZ)."""
     tree = tmp_path / "tree"
     proc = Ansible(tmp_path).adhoc(
-        "nvidia_gpu_facts",
+        "specfleet.fleet.nvidia_gpu_facts",
         json.dumps(args),
         env={
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
@@ -521,9 +521,10 @@ def test_documentation_matches_argument_spec() -> None:
 def test_examples_and_return_parse_and_match_facts(tmp_path: Path) -> None:
     constants = module_constants()
     examples = yaml.safe_load(constants["EXAMPLES"])
-    assert all("nvidia_gpu_facts" in task or "ansible.builtin.debug" in task for task in examples)
+    fqcn = "specfleet.fleet.nvidia_gpu_facts"
+    assert all(fqcn in task or "ansible.builtin.debug" in task for task in examples)
     for task in examples:
-        for key in set(task.get("nvidia_gpu_facts") or {}):
+        for key in set(task.get(fqcn) or {}):
             assert key in module_argument_spec()
     returned = yaml.safe_load(constants["RETURN"])
     documented = set(returned["ansible_facts"]["contains"]["nvidia_gpu"]["contains"])
@@ -542,7 +543,7 @@ def test_ansible_doc_renders() -> None:
         assert found, "ansible-doc not found"
         ansible_doc = Path(found)
     proc = subprocess.run(
-        [str(ansible_doc), "-t", "module", "nvidia_gpu_facts"],
+        [str(ansible_doc), "-t", "module", "specfleet.fleet.nvidia_gpu_facts"],
         cwd=REPO,
         env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
         capture_output=True,

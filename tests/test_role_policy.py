@@ -37,8 +37,10 @@ TASK_KEYS = {
     "become", "become_user", "delegate_to", "run_once", "until", "retries", "delay",
     "async", "poll", "check_mode", "ignore_errors", "args",
 }  # fmt: skip
-# The project's own modules: plugins/modules/*.py.
-MODULES_OF_OURS = {path.stem for path in (ROOT / "plugins" / "modules").glob("*.py")}
+# The project's own modules: plugins/modules/*.py, by their names in the collection.
+MODULES_OF_OURS = {
+    f"specfleet.fleet.{path.stem}" for path in (ROOT / "plugins" / "modules").glob("*.py")
+}
 
 
 def load(path: Path) -> Any:
@@ -130,7 +132,9 @@ def test_profile_vars_for_every_profile(role: str) -> None:
     names = {p: frozenset(load(ROOT / "roles" / role / "vars" / f"{p}.yml")) for p in PROFILES}
     assert len(set(names.values())) == 1, f"{role}: profiles set different names: {names}"
     tasks = "".join(p.read_text() for p in (ROOT / "roles" / role / "tasks").glob("*.yml"))
-    loads = 'include_vars: "{{ specfleet_accelerator | profile_vars_file(role_path) }}"'
+    loads = (
+        'include_vars: "{{ specfleet_accelerator | specfleet.fleet.profile_vars_file(role_path) }}"'
+    )
     assert loads in tasks, f"{role} never loads them (or not through profile_vars_file)"
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sets root ownership")
 def run(ansible: Ansible, paths: list[Path], *options: str, mode: str = "0755") -> dict:
     args = json.dumps({"paths": [str(p) for p in paths], "mode": mode})
     process = ansible.adhoc(
-        "specfleet_directories",
+        "specfleet.fleet.specfleet_directories",
         args,
         *options,
         env={

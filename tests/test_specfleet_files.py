@@ -26,7 +26,7 @@ def run(ansible: Ansible, files: list[dict], *args: str, vars_files=(), extra=No
         "hosts": "localhost",
         "gather_facts": False,
         "vars_files": list(vars_files),
-        "tasks": [{"name": "files", "specfleet_files": {"files": files}}],
+        "tasks": [{"name": "files", "specfleet.fleet.specfleet_files": {"files": files}}],
     }
     document = json_result(ansible.playbook([play], extra, *args, json_output=True))
     return document["plays"][0]["tasks"][0]["hosts"]["localhost"]

@@ -21,7 +21,7 @@ def inspect(ansible: Ansible, **options) -> dict:
     play = {
         "hosts": "localhost",
         "gather_facts": False,
-        "tasks": [{"name": "inspect", "specfleet_inspect": options}],
+        "tasks": [{"name": "inspect", "specfleet.fleet.specfleet_inspect": options}],
     }
     process = ansible.playbook([play], json_output=True)
     document = json_result(process)
@@ -165,7 +165,7 @@ def test_checksums_are_the_ones_stat_and_find_report(ansible: Ansible, tmp_path:
         "tasks": [
             {
                 "name": "ours",
-                "specfleet_inspect": {
+                "specfleet.fleet.specfleet_inspect": {
                     "checksums": files,
                     "checksum_folders": [str(current), str(tmp_path / "no-drafter")],
                     "read": [str(record)],

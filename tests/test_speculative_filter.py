@@ -117,7 +117,8 @@ def _ansible_debug(ansible, expression: str) -> subprocess.CompletedProcess[str]
 def test_filter_through_ansible(ansible):
     result = _ansible_debug(
         ansible,
-        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 3} | speculative_config",
+        "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 3}"
+        " | specfleet.fleet.speculative_config",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # The default callback prints msg as a JSON string: quotes are escaped.
@@ -129,7 +130,7 @@ def test_filter_error_through_ansible(ansible):
     result = _ansible_debug(
         ansible,
         "{'method': 'eagle3', 'model': '/srv/d', 'num_speculative_tokens': 40}"
-        " | speculative_config",
+        " | specfleet.fleet.speculative_config",
     )
     assert result.returncode != 0
     assert "num_speculative_tokens must be in 1..16, got 40" in result.stdout + result.stderr

@@ -171,6 +171,9 @@ def test_backup_keeps_the_original(make_vllm) -> None:
     backup.unlink()
 
 
+FQCN = "specfleet.fleet.vllm_eagle3_whitelist"
+
+
 def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) -> None:
     import ast
 
@@ -184,22 +187,20 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) 
             "-t",
             "module",
             "-j",
-            "vllm_eagle3_whitelist",
+            FQCN,
         ],
         capture_output=True,
         text=True,
         cwd=repo,
         check=True,
-        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules")},
     )
-    rendered = json.loads(proc.stdout)["vllm_eagle3_whitelist"]
+    rendered = json.loads(proc.stdout)[FQCN]
     text = subprocess.run(
-        [str(repo / ".venv" / "bin" / "ansible-doc"), "-t", "module", "vllm_eagle3_whitelist"],
+        [str(repo / ".venv" / "bin" / "ansible-doc"), "-t", "module", FQCN],
         capture_output=True,
         text=True,
         cwd=repo,
         check=True,
-        env={**os.environ, "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules")},
     ).stdout
     assert "VLLM_EAGLE3_WHITELIST" in text.upper() and "RETURN VALUES" in text
 
@@ -232,7 +233,7 @@ def test_ansible_doc_renders_and_matches_the_argument_spec(make_vllm, tmp_path) 
 
     # every task in EXAMPLES uses only documented options
     for task in yaml.safe_load(blocks["EXAMPLES"]):
-        options = task["vllm_eagle3_whitelist"]
+        options = task[FQCN]
         assert set(options) <= set(spec), task["name"]
         assert "python" in options
 

@@ -95,7 +95,10 @@ def test_the_record_keeps_the_bytes_the_role_wrote_before(ansible, setup, tmp_pa
         "tasks": [
             {
                 "name": "the module's result, without a record",
-                "vllm_eagle3_whitelist": {"python": str(vllm.python), "model_types": ["mistral"]},
+                "specfleet.fleet.vllm_eagle3_whitelist": {
+                    "python": str(vllm.python),
+                    "model_types": ["mistral"],
+                },
                 "register": "found",
             },
             {

@@ -194,9 +194,8 @@ def run_module(
     """Run the module as Ansible runs a Python module: a process reading its arguments as
     JSON ({"ANSIBLE_MODULE_ARGS": ...}) and answering one JSON object on stdout.
 
-    Its module_utils are where the installed collection specfleet.fleet keeps them (the
-    module's fallback import, see collection_root), unless pythonpath holds them itself
-    (stage_module's, where Ansible's payload puts them)."""
+    Its module_utils are where the collection specfleet.fleet keeps them (the module imports
+    them so, see collection_root), unless pythonpath holds them itself (stage_module's)."""
     internal: dict[str, object] = {"_ansible_check_mode": check, "_ansible_diff": diff}
     if tmpdir is not None:
         internal |= {"_ansible_remote_tmp": str(tmpdir), "_ansible_tmpdir": str(tmpdir)}
@@ -224,26 +223,29 @@ def run_module(
 @functools.cache
 def collection_root() -> str:
     """A folder holding ansible_collections/specfleet/fleet/plugins/module_utils, a copy of
-    the project's module_utils as the installed collection would hold them; made once for
-    this process and removed when it exits."""
+    the project's module_utils where the collection holds them (and where Ansible's payload
+    puts them); made once for this process and removed when it exits."""
     root = Path(tempfile.mkdtemp(prefix="specfleet-collection-"))
     atexit.register(shutil.rmtree, root, True)
+    copy_module_utils(root)
+    return str(root)
+
+
+def copy_module_utils(root: Path) -> None:
     place = root / "ansible_collections" / "specfleet" / "fleet" / "plugins" / "module_utils"
     shutil.copytree(MODULE_UTILS, place, ignore=shutil.ignore_patterns("__pycache__"))
-    return str(root)
 
 
 def stage_module(folder: Path) -> tuple[Path, str]:
     """Copy the module and the ansible package it imports into folder, for a run as
     another user (the checkout and its venv may be readable by root only), with the
-    project's module_utils in ansible/module_utils, where Ansible's payload puts them.
+    project's module_utils where the collection keeps them.
     Returns the module's path and the PYTHONPATH to give it."""
     module = folder / MODULE.name
     shutil.copyfile(MODULE, module)
     pylib = folder / "pylib"
     shutil.copytree(ansible_path(), pylib / "ansible", ignore=shutil.ignore_patterns("__pycache__"))
-    for util in sorted(MODULE_UTILS.glob("*.py")):
-        shutil.copyfile(util, pylib / "ansible" / "module_utils" / util.name)
+    copy_module_utils(pylib)
     return module, str(pylib)
 
 

@@ -102,14 +102,14 @@ author:
 
 EXAMPLES = r"""
 - name: Gather NVIDIA GPU facts
-  nvidia_gpu_facts:
+  specfleet.fleet.nvidia_gpu_facts:
 
 - name: Gather PCI facts before the driver is installed
-  nvidia_gpu_facts:
+  specfleet.fleet.nvidia_gpu_facts:
     fail_on_missing: false
 
 - name: Use an nvidia-smi outside PATH
-  nvidia_gpu_facts:
+  specfleet.fleet.nvidia_gpu_facts:
     nvidia_smi_path: /usr/local/nvidia/bin/nvidia-smi
 
 - name: Show the GPUs

@@ -48,7 +48,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: The layout, root-owned
-  specfleet_directories:
+  specfleet.fleet.specfleet_directories:
     paths: [/opt/specfleet, /opt/specfleet/venvs, /etc/specfleet]
 """
 

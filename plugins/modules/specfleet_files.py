@@ -69,7 +69,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Install the unit and its environment
-  specfleet_files:
+  specfleet.fleet.specfleet_files:
     files:
       - path: /etc/systemd/system/specfleet-vllm.service
         content: "{{ lookup('ansible.builtin.template', 'vllm-server.service.j2') }}"

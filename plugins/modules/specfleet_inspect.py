@@ -104,7 +104,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Read what the server role needs to decide
-  specfleet_inspect:
+  specfleet.fleet.specfleet_inspect:
     paths: [/srv/models/target/config.json, /opt/specfleet/stack/current/bin/python]
     read: [/srv/models/drafter/config.json]
     users: [specfleet]

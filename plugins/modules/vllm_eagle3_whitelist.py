@@ -153,7 +153,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Accept a Kimi-K2 target for EAGLE-3 in the stack's vLLM
-  vllm_eagle3_whitelist:
+  specfleet.fleet.vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     model_types:
       - kimi_k2
@@ -163,21 +163,21 @@ EXAMPLES = r"""
 # specfleet's roles restart it from an edit record (a file rewritten on each change, whose
 # checksum the server role follows), not through a handler notification.
 - name: Take the type from the served model and keep a backup
-  vllm_eagle3_whitelist:
+  specfleet.fleet.vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     from_model: /srv/models/Kimi-K2.5
     backup: true
   register: whitelist
 
 - name: Rebuild the bytecode cache straight away, in the mode it had
-  vllm_eagle3_whitelist:
+  specfleet.fleet.vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     model_types: [mistral, gemma3]
     recompile: true
   register: whitelist
 
 - name: Remove every type this module added
-  vllm_eagle3_whitelist:
+  specfleet.fleet.vllm_eagle3_whitelist:
     python: /opt/specfleet/venvs/current/bin/python
     state: absent
   register: whitelist
@@ -335,74 +335,40 @@ from typing import Any, NoReturn
 from ansible.module_utils.basic import AnsibleModule
 
 # This file is the module's Ansible surface (its documentation, arguments and main) and the
-# run that needs AnsibleModule (Whitelist). Its pure logic is in plugins/module_utils: the
-# check's shapes and their edit, the file safety, the scripts run by the target interpreter.
-# Each is imported from where it may be: ansible.cfg's module_utils path when run from this
-# repository, first, so that a run from the checkout never picks up an installed copy; the
-# collection specfleet.fleet otherwise. Ansible's dependency finder takes an import inside
-# try/except as optional, so either form may be missing from its payload.
-try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
-    from ansible.module_utils.specfleet_eagle3_probes import DISCOVER, RECOMPILE, SERVED
-except ImportError:  # installed as the collection specfleet.fleet
-    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_eagle3_probes import (
-        DISCOVER,
-        RECOMPILE,
-        SERVED,
-    )
-try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
-    from ansible.module_utils.specfleet_eagle3_shapes import (
-        CANDIDATES,
-        CHECK_REMOVED_IN,
-        CLASS_NAME,
-        FUNC_NAME,
-        TYPE_RE,
-        Check,
-        Plan,
-        ShapeError,
-        Source,
-        Target,
-        confirm,
-        eagle3_traces,
-        edit,
-        find_check,
-        removes_the_check,
-    )
-except ImportError:  # installed as the collection specfleet.fleet
-    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_eagle3_shapes import (
-        CANDIDATES,
-        CHECK_REMOVED_IN,
-        CLASS_NAME,
-        FUNC_NAME,
-        TYPE_RE,
-        Check,
-        Plan,
-        ShapeError,
-        Source,
-        Target,
-        confirm,
-        eagle3_traces,
-        edit,
-        find_check,
-        removes_the_check,
-    )
-try:  # run from the repository: ansible.cfg's module_utils = plugins/module_utils
-    from ansible.module_utils.specfleet_safe_files import (
-        _flag_problem,
-        cache_files,
-        deletion_problem,
-        folder_problem,
-        put_back,
-        pyc_modes,
-    )
-except ImportError:  # installed as the collection specfleet.fleet
-    from ansible_collections.specfleet.fleet.plugins.module_utils.specfleet_safe_files import (
-        _flag_problem,
-        cache_files,
-        deletion_problem,
-        folder_problem,
-        put_back,
-        pyc_modes,
-    )
+# run that needs AnsibleModule (Whitelist). Its pure logic is in the collection's
+# plugins/module_utils: the check's shapes and their edit, the file safety, the scripts run by
+# the target interpreter. From the checkout too, Ansible finds them as the collection's
+# (ansible.cfg's collections_path links this tree as specfleet.fleet).
+from ansible_collections.specfleet.fleet.plugins.module_utils.eagle3_probes import (
+    DISCOVER,
+    RECOMPILE,
+    SERVED,
+)
+from ansible_collections.specfleet.fleet.plugins.module_utils.eagle3_shapes import (
+    CANDIDATES,
+    CHECK_REMOVED_IN,
+    CLASS_NAME,
+    FUNC_NAME,
+    TYPE_RE,
+    Check,
+    Plan,
+    ShapeError,
+    Source,
+    Target,
+    confirm,
+    eagle3_traces,
+    edit,
+    find_check,
+    removes_the_check,
+)
+from ansible_collections.specfleet.fleet.plugins.module_utils.safe_files import (
+    cache_files,
+    deletion_problem,
+    flag_problem,
+    folder_problem,
+    put_back,
+    pyc_modes,
+)
 
 
 class Whitelist:
@@ -956,7 +922,7 @@ class Whitelist:
         except OSError as exc:
             self.fail(f"{path} is not writable: {exc.strerror}")
         folder = os.path.dirname(path)
-        problem = _flag_problem(folder, "the folder")
+        problem = flag_problem(folder, "the folder")
         if problem:
             self.fail(f"cannot write in {folder} (needed for an atomic replace): {problem}")
         try:

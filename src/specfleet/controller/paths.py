@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -28,3 +29,29 @@ def cache_dir(*parts: str) -> Path:
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+#: Where ansible.cfg (collections_path) finds this checkout as the collection specfleet.fleet.
+COLLECTION_LINK = Path(".ansible", "collections", "ansible_collections", "specfleet", "fleet")
+
+
+def ensure_collection_link(root: Path | None = None) -> Path:
+    """Link ``<root>/.ansible/collections/ansible_collections/specfleet/fleet`` to the
+    checkout, so that the roles' fully qualified names (specfleet.fleet.*) resolve to its own
+    files. Relative, so a moved checkout keeps it; a stale copy of the collection installed
+    there is replaced. Cheap and idempotent: bin/bootstrap, the CLI and the tests call it."""
+    root = root or repo_root()
+    link = root / COLLECTION_LINK
+    target = Path(*([".."] * (len(COLLECTION_LINK.parts) - 1)))
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.is_dir():
+        shutil.rmtree(link)
+    partial = link.with_name(f".{link.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(target)
+    os.replace(partial, link)
+    return link

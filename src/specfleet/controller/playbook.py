@@ -24,7 +24,7 @@ import ansible_runner
 
 from specfleet.controller.events import Event, PlayResult, Recorder
 from specfleet.controller.interrupt import GRACE_SECONDS, stop_ansible
-from specfleet.controller.paths import cache_dir, repo_root
+from specfleet.controller.paths import cache_dir, ensure_collection_link, repo_root
 from specfleet.controller.runopts import BadInput, RunOptions
 
 Observer = Callable[[Event], None]
@@ -35,6 +35,8 @@ def runner_env() -> dict[str, str]:
     # ansible-runner starts `ansible-playbook` from PATH: make it the one
     # installed beside this interpreter (the project venv).
     bin_dir = str(Path(sys.executable).parent)
+    # The roles reach the project's plugins as specfleet.fleet.*, through this link.
+    ensure_collection_link()
     return {
         "ANSIBLE_CONFIG": str(repo_root() / "ansible.cfg"),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",

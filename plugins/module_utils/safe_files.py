@@ -81,7 +81,7 @@ def inode_flags(path: str) -> int:
     return int.from_bytes(answer[:4], sys.byteorder)  # the kernel writes an int
 
 
-def _flag_problem(path: str, what: str) -> str | None:
+def flag_problem(path: str, what: str) -> str | None:
     flags = inode_flags(path)
     for flag, name in ((FS_IMMUTABLE_FL, "immutable"), (FS_APPEND_FL, "append-only")):
         if flags & flag:
@@ -91,7 +91,7 @@ def _flag_problem(path: str, what: str) -> str | None:
 
 def folder_problem(folder: str) -> str | None:
     """Why entries of folder cannot be created, replaced or deleted (None: they can)."""
-    problem = _flag_problem(folder, "the folder")
+    problem = flag_problem(folder, "the folder")
     effective = os.access in os.supports_effective_ids
     if problem is None and not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
         problem = f"{os.strerror(errno.EACCES)} (the folder {folder} is not writable)"
@@ -105,7 +105,7 @@ def deletion_problem(path: str) -> str | None:
     if os.path.isdir(path) and not os.path.islink(path):
         return f"{os.strerror(errno.EISDIR)} ({path} is a folder)"
     folder = os.path.dirname(path)
-    problem = folder_problem(folder) or _flag_problem(path, "the file")
+    problem = folder_problem(folder) or flag_problem(path, "the file")
     if problem is None and os.geteuid() != 0:
         held = os.stat(folder)
         owner = os.lstat(path).st_uid
