@@ -158,3 +158,17 @@ def test_roles_and_playbooks_name_host_modules_only_through_the_map() -> None:
                 if "argument_specs" not in path.name and pattern.search(code):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("role", ["tiny_models", "packaged_model"])
+def test_a_lab_role_on_a_host_without_the_lab_code_says_so_before_any_change(
+    ansible, tmp_path: Path, role: str
+) -> None:
+    """A fleet host's package has no host/lab: a lab role applied to it stops at its first
+    task with the setting's name, instead of failing later on a missing module."""
+    play = [{"hosts": "localhost", "gather_facts": False, "roles": [{"role": role}]}]
+    done = ansible.playbook(play, {"specfleet_accelerator": "cpu",
+                                   "specfleet_host_package_lab": False})  # fmt: skip
+    assert done.returncode != 0
+    assert "specfleet_host_package_lab: true" in done.stdout, done.stdout[-3000:]
+    assert "changed=0" in done.stdout
