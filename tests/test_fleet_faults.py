@@ -16,7 +16,7 @@ balancer, and no request of the load failed:
 - SIGINT to the controller while the canary is drained;
 - the balancer restarted mid-rollout, while the canary's server is stopped.
 
-Opt-in (about 50 minutes on two cores): SPECFLEET_SCENARIOS_ALSO=fleet, as the fleet
+Opt-in (1,229 s on two cores in the last full run): SPECFLEET_SCENARIOS_ALSO=fleet, as the fleet
 scenario. Run: `SPECFLEET_SCENARIOS_ALSO=fleet .venv/bin/pytest tests/test_fleet_faults.py`.
 """
 
@@ -43,7 +43,7 @@ pytestmark = [
     pytest.mark.docker,
     pytest.mark.skipif(
         "fleet" not in os.environ.get("SPECFLEET_SCENARIOS_ALSO", "").split(","),
-        reason="opt-in (SPECFLEET_SCENARIOS_ALSO=fleet): about 50 minutes on two cores",
+        reason="opt-in (SPECFLEET_SCENARIOS_ALSO=fleet): about 21 minutes on two cores",
     ),
 ]
 
