@@ -4,12 +4,13 @@ Roles must not reach for project files through ``role_path ~ '/../..'`` (that br
 as a role is used from another roles path). This plugin knows where the project is from its
 own location, once:
 
-- ``lookup('specfleet_project', 'locks')``: the absolute path of ``<project>/locks``.
-- ``lookup('specfleet_project', 'host_package', lab=false)``: the project's host-side Python
-  (``src/specfleet/host``, with ``host/lab`` only when ``lab``) as a tarball built on the
-  controller,
-  byte-identical for identical sources and named by their content hash, so a host that has
-  it already is not touched. The ``common`` role installs it under ``specfleet_lib_dir``.
+- ``lookup('specfleet.fleet.specfleet_project', 'locks')``: the absolute path of
+  ``<project>/locks``.
+- ``lookup('specfleet.fleet.specfleet_project', 'host_package', lab=false)``: the project's
+  host-side Python (``src/specfleet/host``, with ``host/lab`` only when ``lab``) as a tarball
+  built on the controller, byte-identical for identical sources and named by their content
+  hash, so a host that has it already is not touched. The ``common`` role installs it under
+  ``specfleet_lib_dir``.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ What runs on the hosts, inside the stack venv, is ``specfleet/host/``: the draft
 pipeline, the health gate, the speculative-counter reader, the server's entry point; and,
 for lab hosts only, ``specfleet/host/lab/`` (the tiny models' and the packaged model's
 generators). The ``common`` role installs exactly that folder (never ``controller/``, which
-needs Ansible) under ``/opt/specfleet/lib/<hash>/``. The
-tarball is byte-identical for identical sources (sorted members, fixed owner, mode and
-time), so its name, the hash of its content, says whether a host already has it.
+needs Ansible) under ``/opt/specfleet/lib/<hash>/``. The tarball is byte-identical for
+identical sources (sorted members, fixed owner, mode and time), so its name, the hash of its
+content, says whether a host already has it.
 """
 
 from __future__ import annotations

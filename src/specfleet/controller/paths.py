@@ -46,9 +46,8 @@ def ensure_collection_link(root: Path | None = None) -> Path:
     if link.is_symlink() and Path(os.readlink(link)) == target:
         return link
     link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    elif link.is_dir():
+    # os.replace below swaps a link or file atomically; only a folder (a copy) must go first.
+    if link.is_dir() and not link.is_symlink():
         shutil.rmtree(link)
     partial = link.with_name(f".{link.name}.{os.getpid()}")
     partial.unlink(missing_ok=True)
