@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specfleet.controller.paths import cache_dir
+from specfleet.controller.paths import cache_dir, cache_lock
 
 IMAGE_REPOSITORY = "specfleet/debian12-systemd"
 
@@ -102,13 +102,18 @@ def ensure_image(recipe: ImageRecipe | None = None, *, rebuild: bool = False) ->
     if image_exists(tag) and not rebuild:
         _docker("tag", tag, f"{IMAGE_REPOSITORY}:latest")
         return tag
-    tarball = cache_dir("images") / f"{recipe.digest()}.tar"
-    if rebuild or not tarball.exists():
-        _debootstrap_tarball(recipe, tarball)
-        for stale in tarball.parent.glob("*.tar"):
-            if stale != tarball:
-                stale.unlink()
-    changes = [arg for change in recipe.docker_changes for arg in ("--change", change)]
-    _docker("import", *changes, str(tarball), tag, capture_output=True)
-    _docker("tag", tag, f"{IMAGE_REPOSITORY}:latest")
+    # One build at a time: a second caller waits and finds the image (or its tarball).
+    with cache_lock("images"):
+        if image_exists(tag) and not rebuild:
+            _docker("tag", tag, f"{IMAGE_REPOSITORY}:latest")
+            return tag
+        tarball = cache_dir("images") / f"{recipe.digest()}.tar"
+        if rebuild or not tarball.exists():
+            _debootstrap_tarball(recipe, tarball)
+            for stale in tarball.parent.glob("*.tar"):
+                if stale != tarball:
+                    stale.unlink()
+        changes = [arg for change in recipe.docker_changes for arg in ("--change", change)]
+        _docker("import", *changes, str(tarball), tag, capture_output=True)
+        _docker("tag", tag, f"{IMAGE_REPOSITORY}:latest")
     return tag

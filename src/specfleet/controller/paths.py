@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -29,6 +32,19 @@ def cache_dir(*parts: str) -> Path:
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold the cache's lock ``name`` (an exclusive flock on ``<cache>/locks/<name>.lock``).
+
+    Two commands that would build the same cached thing at once (two test streams, two
+    operators on one controller) build it once: the second waits, then finds it built.
+    The kernel releases the lock when its holder exits, even killed."""
+    path = cache_dir("locks") / f"{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 #: Where ansible.cfg (collections_path) finds this checkout as the collection specfleet.fleet.

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfleet.controller.paths import cache_dir
+from specfleet.controller.paths import cache_dir, cache_lock
 from specfleet.controller.stacklock import StackLock, StackSpec
 from specfleet.host.hashing import sha256_file
 
@@ -139,6 +139,14 @@ def ensure_wheelhouse(spec: StackSpec, lock: StackLock) -> Wheelhouse:
     target = wheelhouse_path(lock)
     if target.is_dir():
         return _measure(target, 0.0, reused=True)
+    # One download of a lock at a time: a second caller waits and finds it published.
+    with cache_lock(f"wheelhouse-{target.name}"):
+        if target.is_dir():
+            return _measure(target, 0.0, reused=True)
+        return _download(spec, lock, target)
+
+
+def _download(spec: StackSpec, lock: StackLock, target: Path) -> Wheelhouse:
     missing = lock.missing_hashes()
     if missing:
         raise WheelhouseError(
