@@ -20,24 +20,7 @@ from specfleet.controller.stacklock import StackLock, StackSpec
 from specfleet.controller.wheelhouse import ensure_wheelhouse
 
 ROOT = repo_root()
-# Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.
-# fleet: three vLLM servers, constant load and three venv builds on two cores took
-# 1,609 s, and the fault cases that come with it 1,229 s, in the last full run (the README's
-# "Where the time goes"); CI without them took 2,226 s at its last landing: with them, CI
-# would pass its 60-minute budget. Its load once failed every request: vLLM 0.31's CPU sampler
-# needed a C++ compiler the hosts lacked, and upgrade.yml pointed HAProxy at loopback;
-# both are fixed, and the gate and the balancer's checks now catch each.
-OPT_IN = {"fleet": "about 27 minutes on two cores, beyond CI's budget (see the comment above)"}
-_ASKED = set(os.environ.get("SPECFLEET_SCENARIOS_ALSO", "").split(","))
-SCENARIOS = [
-    pytest.param(
-        name,
-        marks=[pytest.mark.skip(reason=f"opt-in (SPECFLEET_SCENARIOS_ALSO={name}): {OPT_IN[name]}")]
-        if name in OPT_IN and name not in _ASKED
-        else [],
-    )
-    for name in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
-]
+SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
 
 
 @pytest.fixture(scope="session")
