@@ -20,7 +20,23 @@ from specfleet.controller.stacklock import StackLock, StackSpec
 from specfleet.controller.wheelhouse import ensure_wheelhouse
 
 ROOT = repo_root()
-SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+# Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.
+# fleet: three vLLM servers, constant load and seven venv builds on two cores took 1,609 s
+# alone, and the rollout's faults that come with it 1,229 s (the README's "Where the time
+# goes"); CI without them took 2,325 s at its last landing. With both, a cold run takes
+# about 95 minutes, and two pytest streams side by side did not bring it within 60 (the
+# README's "What has been tried"): the fleet has to cost less before it fits CI's budget.
+OPT_IN = {"fleet": "about 27 minutes on two cores, beyond CI's budget (see the comment above)"}
+_ASKED = set(os.environ.get("SPECFLEET_SCENARIOS_ALSO", "").split(","))
+SCENARIOS = [
+    pytest.param(
+        name,
+        marks=[pytest.mark.skip(reason=f"opt-in (SPECFLEET_SCENARIOS_ALSO={name}): {OPT_IN[name]}")]
+        if name in OPT_IN and name not in _ASKED
+        else [],
+    )
+    for name in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+]
 
 
 @pytest.fixture(scope="session")
