@@ -15,7 +15,7 @@ import pytest
 from specfleet.controller.paths import cache_dir, cache_lock
 
 HOLD = """
-import sys, time
+import time
 from specfleet.controller.paths import cache_lock
 with cache_lock("test-lock"):
     print("held", flush=True)

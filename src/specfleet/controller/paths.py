@@ -38,9 +38,9 @@ def cache_dir(*parts: str) -> Path:
 def cache_lock(name: str) -> Iterator[None]:
     """Hold the cache's lock ``name`` (an exclusive flock on ``<cache>/locks/<name>.lock``).
 
-    Two commands that would build the same cached thing at once (two test streams, two
-    operators on one controller) build it once: the second waits, then finds it built.
-    The kernel releases the lock when its holder exits, even killed."""
+    Two commands that would build the same cached thing at once (a test run beside
+    `bin/lab up`, two operators on one controller) build it once: the second waits, then
+    finds it built. The kernel releases the lock when its holder exits, even killed."""
     path = cache_dir("locks") / f"{name}.lock"
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
