@@ -23,9 +23,10 @@ ROOT = repo_root()
 # Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.
 # fleet: three vLLM servers, constant load and seven venv builds on two cores took 1,609 s
 # alone, and the rollout's faults that come with it 1,229 s (the README's "Where the time
-# goes"); CI without them took 2,325 s at its last landing. With both, a cold run takes
-# about 95 minutes, and two pytest streams side by side did not bring it within 60 (the
-# README's "What has been tried"): the fleet has to cost less before it fits CI's budget.
+# goes"); CI without them took 2,325 s at its last landing (3,986 s at the one after, with
+# the lab's servers unbound: see benchmarks/thread_binding.py). Two pytest streams side by
+# side did not bring all of it within 60 minutes (the README's "What has been tried"); the
+# fleet is two servers now, each on a core of its own, and has to cost less still.
 # Its load once failed every request: vLLM 0.31's CPU sampler needed a C++ compiler the
 # hosts lacked, and upgrade.yml pointed HAProxy at loopback; both are fixed, and the gate
 # and the balancer's checks now catch each.

@@ -19,7 +19,7 @@ from pathlib import Path
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-# Light enough that three servers, the load and a venv build share two cores
+# Light enough that the servers, the load and a venv build share two cores
 # (at 2/s the servers were saturated: p99 of 10-20 s, restarts of 8 minutes).
 RUN_PROMPTS = 30
 RATE = 1
