@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from specfleet.controller.lab_tour import docker_exec
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_FILE = "/etc/specfleet/specfleet-vllm.env"
 UNIT = "specfleet-vllm.service"
@@ -93,16 +95,9 @@ elif mode == "health":
 """
 
 
-def sh(host: str, *argv: str, stdin: str | None = None, timeout: float = 900) -> str:
-    result = subprocess.run(
-        ["docker", "exec", "-i", host, *argv],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
-    return result.stdout
+def sh(host: str, *argv: str, stdin: str = "") -> str:
+    """Run argv in a lab host's container, as the lab's tour does: its stdout."""
+    return docker_exec(host, list(argv), stdin, timeout=900)
 
 
 def start_client(host: str, address: str, mode: str, count: int) -> subprocess.Popen[str]:
