@@ -72,6 +72,9 @@ def test_scenario(
         os.environ,
         SPECFLEET_IMAGE=base_image,
         SPECFLEET_WHEELHOUSE_ROOT=str(wheelhouse_root),
+        # Each lock's venv is built by the first scenario host that needs it, and unpacked
+        # by the others (ml_stack_venv_store; the ml_stack scenario builds its own).
+        SPECFLEET_VENV_STORE=str(cache_dir("venv-store")),
         PY_COLORS="0",
         ANSIBLE_FORCE_COLOR="0",
     )

@@ -40,6 +40,7 @@ def lab_up(session: Session, note: Note = print) -> dict[str, Any]:
         "lab_state": "started",
         "lab_image": image,
         "lab_wheelhouse_root": str(cache_dir("wheelhouse")),
+        "lab_venv_store": str(cache_dir("venv-store")),
     }
     for playbook, own_vars in (("lab.yml", extravars), ("site.yml", None)):
         if not session.run(playbook, extravars=own_vars).ok:
