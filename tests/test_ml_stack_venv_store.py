@@ -31,7 +31,8 @@ def store(*args: str | Path) -> tuple[int, dict]:
 
 
 def a_venv(venvs: Path) -> Path:
-    """A venv's shape: its interpreter link to the base Python, a relative lib64 link,
+    """A venv's shape (as `python3 -m venv` makes it): its interpreter links to the base
+    Python (python3 absolute, the others to python3), a relative lib64 link,
     packages with bytecode, and the manifest the host writes after its own probe."""
     venv = venvs / DIGEST
     site = venv / "lib" / "python3.11" / "site-packages" / "pkg"
@@ -40,7 +41,9 @@ def a_venv(venvs: Path) -> Path:
     (site / "__pycache__").mkdir()
     (site / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(os.urandom(64))
     (venv / "bin").mkdir()
-    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "bin" / "python3").symlink_to(sys.executable)
+    (venv / "bin" / "python").symlink_to("python3")
+    (venv / "bin" / "python3.11").symlink_to("python3")
     (venv / "lib64").symlink_to("lib")
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (venv / "specfleet-stack.json").write_text('{"host": "the builder"}\n')
@@ -128,6 +131,9 @@ def test_a_recorded_archive_that_reaches_outside_the_venv_is_refused(tmp_path: P
         link = tarfile.TarInfo(f"{DIGEST}/lib/python3.11/site-packages/evil")
         link.type, link.linkname = tarfile.SYMTYPE, "/etc"
         tar.addfile(link)
+        up = tarfile.TarInfo(f"{DIGEST}/lib/up")
+        up.type, up.linkname = tarfile.SYMTYPE, "../.."
+        tar.addfile(up)
         data = b"x = 1\n"
         member = tarfile.TarInfo(f"{DIGEST}/ok.py")
         member.size = len(data)
@@ -137,7 +143,8 @@ def test_a_recorded_archive_that_reaches_outside_the_venv_is_refused(tmp_path: P
     venvs.mkdir()
     rc, result = store("unpack", archive, sha, venvs / DIGEST)
     assert rc == 3, result
-    assert "outside the venv" in result["refused"] and "/etc" in result["refused"]
+    assert "outside the venv" in result["refused"], result
+    assert "-> /etc" in result["refused"] and "-> ../.." in result["refused"], result
     assert nothing_left(venvs)
 
 

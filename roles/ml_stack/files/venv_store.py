@@ -92,22 +92,21 @@ def pack(venv: Path, archive: Path) -> dict:
 
 
 def escapes(root: Path) -> list[str]:
-    """Entries of an unpacked venv that reach outside it: a link whose target leaves the
-    venv (but the interpreter links in bin/, which a venv points at its base Python),
-    or anything that is not a file, a folder or a link."""
+    """Entries of an unpacked venv that reach outside it: a link whose target, read as
+    written, leaves the venv (but the interpreter links in bin/, which a venv points at its
+    base Python: python3 -> /usr/bin/python3, python -> python3), or anything that is not a
+    file, a folder or a link. Each link is judged by its own text: a link to a link is
+    judged where that one points."""
     found = []
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
             path = Path(folder, name)
             if path.is_symlink():
                 target = os.readlink(path)
-                inside = os.path.realpath(path).startswith(str(root) + os.sep)
-                interpreter = (
-                    path.parent == root / "bin"
-                    and name.startswith("python")
-                    and os.path.isabs(target)
-                )
-                if not (inside or interpreter):
+                landing = os.path.normpath(os.path.join(folder, target))
+                inside = landing.startswith(str(root) + os.sep)
+                interpreter = path.parent == root / "bin" and name.startswith("python")
+                if not inside and not (interpreter and os.path.isabs(target)):
                     found.append(f"{path.relative_to(root)} -> {target}")
             elif not (path.is_file() or path.is_dir()):
                 found.append(str(path.relative_to(root)))
