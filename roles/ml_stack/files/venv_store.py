@@ -9,8 +9,6 @@ host of its own published, and a host unpacks only an archive whose sha256 is
 one of those, computed while it unpacks (a swapped or cut archive is thrown
 away, never half used).
 
-  venv_store.py hash ARCHIVE
-      {"present": bool, "sha256": hex or null}
   venv_store.py pack VENV ARCHIVE
       VENV (all but its manifest, which each host writes after its own probe)
       into ARCHIVE, written beside it and renamed into place: {"sha256", "bytes", "seconds"}
@@ -42,20 +40,6 @@ MANIFEST = "specfleet-stack.json"
 ORIGIN = "specfleet-venv-origin.json"
 UNTRUSTED = 3
 ABSENT = 4
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def hash_archive(archive: Path) -> dict:
-    if not archive.is_file():
-        return {"present": False, "sha256": None}
-    return {"present": True, "sha256": file_sha256(archive)}
 
 
 def pack(venv: Path, archive: Path) -> dict:
@@ -162,14 +146,12 @@ def unpack(archive: Path, trusted: set[str], venv: Path) -> dict:
 
 def main(argv: list[str]) -> None:
     command, *args = argv
-    if command == "hash":
-        result = hash_archive(Path(args[0]))
-    elif command == "pack":
+    if command == "pack":
         result = pack(Path(args[0]), Path(args[1]))
     elif command == "unpack":
         result = unpack(Path(args[0]), set(args[1].split(",")), Path(args[2]))
     else:
-        raise SystemExit(f"unknown command {command}: hash, pack or unpack")
+        raise SystemExit(f"unknown command {command}: pack or unpack")
     print(json.dumps(result))
 
 
