@@ -171,6 +171,11 @@ def test_status_reads_a_host_and_names_the_unreachable_one(
     }
     for part in ("stack", "whitelist", "drafter", "unit", "health", "acceptance"):
         assert servers["bare"][part] == "absent", part
+    # Not healthy, and why; the unreachable host's exit code (4) wins over unhealthy (5).
+    assert served["unhealthy"] == ["unit absent"]
+    assert servers["bare"]["unhealthy"] == ["unit absent", "health absent"]
+    assert doc["status"]["unhealthy_hosts"] == ["bare", "ghost", "served"]
+    assert doc["status"]["prometheus"] is None and "acceptance_window" not in served
     assert doc["status"]["loadbalancer"] is None
 
     log = Path(doc["log"])
@@ -183,11 +188,13 @@ def test_status_quiet_prints_only_the_table_and_the_summary(
 ) -> None:
     inventory = write_inventory(tmp_path / "hosts.yml", {"served": served_host})
     run = specfleet("status", "-i", str(inventory), "--quiet", cache=tmp_path / "cache")
-    assert run.returncode == 0, run.stdout + run.stderr
+    # It answers /health, but no unit runs it: read, and not healthy (5), and the table says why.
+    assert run.returncode == 5, run.stdout + run.stderr
     lines = run.stdout.rstrip("\n").splitlines()
     assert lines[0].rstrip() == "specfleet status"
-    assert any("served" in line and "2.75 (40 drafts)" in line for line in lines)
-    assert lines[-2].startswith("specfleet status: ok (exit 0)")
+    assert any("served" in line and "2.75 since start (40 drafts)" in line for line in lines)
+    assert "not healthy: served: unit absent" in [line.rstrip() for line in lines]
+    assert lines[-2].startswith("specfleet status: unhealthy (exit 5)")
     assert lines[-1].startswith("log: ")
     assert not any(line.startswith("==") for line in lines), "no progress with --quiet"
 

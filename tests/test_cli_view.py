@@ -263,7 +263,7 @@ def test_the_status_table() -> None:
         "9f86d081884c",
         "active/running pid 4242, 0 restarts",
         "ok",
-        "2.75 (120 drafts)",
+        "2.75 since start (120 drafts)",
         "UP, 2 sessions, 0 queued",
     ):
         assert cell in gpu01

@@ -40,7 +40,7 @@ from specfleet.controller.progress_view import View, make_view
 from specfleet.controller.report import render_outcome
 from specfleet.controller.runopts import BadInput, RunOptions
 from specfleet.controller.stacklock import StackLock, StackSpec, resolve
-from specfleet.controller.status import fleet_status
+from specfleet.controller.status import fleet_status, fleet_unhealthy
 from specfleet.controller.summary import EXIT_CODES_HELP, ExitCode, Outcome, document, exit_code
 from specfleet.controller.wheelhouse import ensure_wheelhouse
 
@@ -96,13 +96,16 @@ class Job:
     run: Callable[[Session, argparse.Namespace, View], Details]
     #: The playbooks it runs (by lab action for `lab`), checked before anything starts.
     playbooks: dict[str | None, tuple[str, ...]]
+    #: The actions (None: the command itself) whose exit code also says whether every
+    #: serving host is healthy: 5 (unhealthy) in place of 0 when one is not.
+    judges_health: tuple[str | None, ...] = ()
 
 
 JOBS: dict[str, Job] = {
     "provision": Job(_provision, {None: ("site.yml",)}),
     "upgrade": Job(_upgrade, {None: ("upgrade.yml",)}),
     "train": Job(_train, {None: ("train_drafter.yml",)}),
-    "status": Job(_status, {None: ("status.yml",)}),
+    "status": Job(_status, {None: ("status.yml",)}, judges_health=(None,)),
     "frontdoor": Job(_frontdoor, {None: ("frontdoor.yml",)}),
     "lab": Job(
         _lab,
@@ -111,6 +114,8 @@ JOBS: dict[str, Job] = {
             "down": ("lab.yml",),
             "status": ("status.yml",),
         },
+        # Not `lab up`: it succeeds when the lab is made and converged; its status says the rest.
+        judges_health=("status",),
     ),
 }
 
@@ -172,6 +177,7 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or make_console()
     command = f"lab-{args.action}" if args.command == "lab" else args.command
     job = JOBS[args.command]
+    action = getattr(args, "action", None)
     started = time.monotonic()
     session: Session | None = None
     details: Details = {}
@@ -182,7 +188,7 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
         with one_error_path(attempt):
             options = _options(args)
             options.validate()
-            for playbook in job.playbooks[getattr(args, "action", None)]:
+            for playbook in job.playbooks[action]:
                 playbook_path(playbook)
             _check_lock(getattr(args, "lock", None))
             if options.ask_vault_pass:
@@ -194,7 +200,8 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
     code = attempt.code
     if code is None:
         interrupted = attempt.interrupted or bool(session and session.interrupted)
-        code = exit_code(results, interrupted=interrupted)
+        unhealthy = action in job.judges_health and fleet_unhealthy(details.get("status"))
+        code = exit_code(results, interrupted=interrupted, unhealthy=unhealthy)
     outcome = Outcome(
         command=command,
         results=results,

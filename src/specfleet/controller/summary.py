@@ -23,6 +23,9 @@ class ExitCode(IntEnum):
     FAILED = 3
     #: At least one host was unreachable, and no task failed.
     UNREACHABLE = 4
+    #: `status`, `lab status`: every host was read, and at least one serving host is not
+    #: healthy (its unit not active, its processes not on the stack's venv, /health not ok).
+    UNHEALTHY = 5
     #: Ctrl-C or SIGTERM (128 + SIGINT).
     INTERRUPTED = 130
 
@@ -35,12 +38,17 @@ exit codes:
        (nothing ran)
   3    failed: a task failed on at least one host (also when others were unreachable)
   4    unreachable: at least one host could not be reached, and no task failed
+  5    unhealthy (status, lab status): every host was read, and at least one serving host
+       is not healthy (unit not active, processes not on the stack's venv, /health not ok)
   130  interrupted (Ctrl-C, SIGTERM)
 """
 
 
-def exit_code(results: Sequence[PlayResult], *, interrupted: bool = False) -> ExitCode:
-    """The code for a command's runs: interrupted > failed > unreachable > bad input > error."""
+def exit_code(
+    results: Sequence[PlayResult], *, interrupted: bool = False, unhealthy: bool = False
+) -> ExitCode:
+    """The code for a command's runs: interrupted > failed > unreachable > bad input > error >
+    unhealthy (``unhealthy``: a command that reads status found a serving host not healthy)."""
     if interrupted or any(result.interrupted for result in results):
         return ExitCode.INTERRUPTED
     if any(result.failed_hosts for result in results):
@@ -51,6 +59,8 @@ def exit_code(results: Sequence[PlayResult], *, interrupted: bool = False) -> Ex
         return ExitCode.BAD_INPUT
     if any(result.rc != 0 for result in results):
         return ExitCode.ERROR
+    if unhealthy:
+        return ExitCode.UNHEALTHY
     return ExitCode.OK
 
 
