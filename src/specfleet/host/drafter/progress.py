@@ -111,16 +111,37 @@ class TrainingMetricsHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.msg
-        if not isinstance(message, dict) or "train" not in message:
+        if not isinstance(message, dict):
+            return
+        if isinstance(message.get("val"), dict):
+            # After each epoch the trainer measures the loss on its held-out split
+            # ({"val": {"loss_epoch": ...}, "epoch": e}): the report's held-out curve.
+            self._append({"epoch": message.get("epoch"), "val_loss": _held_out(message["val"])})
+            return
+        if "train" not in message:
             return
         metrics = message["train"]
         step = int(message.get("global_step", 0))
         loss = _number(metrics.get("loss"))
         tokens = _number((message.get("profile") or {}).get("tokens_per_s"))
+        line = {"step": step, "loss": loss, "tokens_per_s": tokens}
+        if message.get("epoch") is not None:
+            line["epoch"] = message["epoch"]
+        self._append(line)
+        self.progress.step(step + 1, self.total_steps, loss, tokens)
+
+    def _append(self, line: dict[str, Any]) -> None:
         # Appended, not rewritten: the loss curve survives a resumed run.
         with self.loss_log.open("a") as handle:
-            handle.write(json.dumps({"step": step, "loss": loss, "tokens_per_s": tokens}) + "\n")
-        self.progress.step(step + 1, self.total_steps, loss, tokens)
+            handle.write(json.dumps(line) + "\n")
+
+
+def _held_out(metrics: dict[str, Any]) -> float | None:
+    """The epoch's held-out loss: ``loss_epoch`` (speculators 0.9), else ``loss``."""
+    for key in ("loss_epoch", "loss"):
+        if key in metrics:
+            return _number(metrics[key])
+    return None
 
 
 def _number(value: Any) -> float | None:

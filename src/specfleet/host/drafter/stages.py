@@ -415,7 +415,10 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
     final = ckpt / str(config.epochs - 1)
     if not (final / "model.safetensors").is_file():
         raise StageError(f"train: no final checkpoint at {final}")
-    losses = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    # Training steps; the held-out lines ({"epoch", "val_loss"}) are the report's.
+    losses = [item for item in lines if "step" in item]
+    held_out = [item for item in lines if "val_loss" in item]
     steps = max(item["step"] for item in losses) + 1 if losses else 0
     rates = [item["tokens_per_s"] for item in losses if item.get("tokens_per_s")]
     return {
@@ -425,6 +428,7 @@ def _train_run(ctx: Context, out: Path) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
         "final_loss": losses[-1]["loss"] if losses else None,
+        "final_held_out_loss": held_out[-1]["val_loss"] if held_out else None,
         "peak_gpu_mib": _summary(out / "summary.json").get("peak_gpu_mib"),
     }
 
