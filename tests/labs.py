@@ -74,6 +74,8 @@ class LabUnderTest:
         self.hostvars: dict[str, dict[str, Any]] = data["_meta"]["hostvars"]
         self.balancer: str = data["loadbalancers"]["hosts"][0]
         self.servers: list[str] = sorted(data["lab_servers"]["hosts"])
+        # Its Prometheus hosts (roles/monitoring), when it has any.
+        self.monitors: list[str] = sorted(data.get("monitoring", {}).get("hosts", []))
         self.variables: dict[str, Any] = self.hostvars[self.servers[0]]
 
     def address(self, host: str) -> str:
@@ -81,8 +83,15 @@ class LabUnderTest:
 
     def exec(self, host: str, argv: list[str], timeout: float = 300) -> str:
         """``argv`` run as root in the lab host's container; its standard output."""
+        return self.exec_input(host, argv, None, timeout)
+
+    def exec_input(
+        self, host: str, argv: list[str], stdin: str | None, timeout: float = 300
+    ) -> str:
+        """``argv`` run as root in the lab host's container with ``stdin``; its output."""
         run = subprocess.run(
-            ["docker", "exec", host, *argv],
+            ["docker", "exec", *(["-i"] if stdin is not None else []), host, *argv],
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -347,6 +347,59 @@ _FETCH = (
     "print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())"
 )
 
+#: Sends each (method, target) of a JSON list on standard input to host:port over one
+#: connection each, and prints [status, X-Specfleet-Refused] for each, as JSON.
+_PROBE = """
+import http.client, json, sys
+host, port = sys.argv[1], int(sys.argv[2])
+answers = []
+for method, target in json.load(sys.stdin):
+    connection = http.client.HTTPConnection(host, port, timeout=30)
+    connection.request(method, target, body=b"{}" if method == "POST" else None)
+    response = connection.getresponse()
+    response.read()
+    answers.append([response.status, response.getheader("X-Specfleet-Refused")])
+    connection.close()
+print(json.dumps(answers))
+"""
+
+
+def test_from_the_monitoring_address_the_metrics_listener_passes_metrics_alone(
+    lab_under_test: LabUnderTest, routes: list[dict[str, Any]]
+) -> None:
+    """The monitoring host may read metrics and nothing else: every route of the served vLLM
+    (its own table), with every method it takes, asked of the metrics listener from the
+    monitoring host, at the listener's root and under each server's prefix, is refused at
+    the balancer, but GET of the metrics paths."""
+    lab = lab_under_test
+    if not lab.monitors:
+        pytest.skip("this lab has no monitoring host")
+    monitor = lab.monitors[0]
+    balancer, server = lab.address(lab.balancer), lab.servers[0]
+    metrics = {"/metrics", f"/servers/{server}/metrics"}
+    asked = []
+    for route in routes:
+        path = concrete(route["path"])
+        for method in sorted(set(route["methods"]) - {"HEAD"}):
+            for target in (path, f"/servers/{server}{path}"):
+                asked.append([method, target])
+    asked += [["POST", target] for target in sorted(metrics)]
+    answers = json.loads(
+        lab.exec_input(monitor, ["python3", "-c", _PROBE, balancer, "8405"], json.dumps(asked))
+    )
+    passed = [
+        f"{method} {target}: {status}"
+        for (method, target), (status, refused) in zip(asked, answers, strict=True)
+        if refused is None and not (method == "GET" and target in metrics)
+    ]
+    assert not passed, passed
+    served = {
+        target: status
+        for (method, target), (status, refused) in zip(asked, answers, strict=True)
+        if method == "GET" and target in metrics
+    }
+    assert served == dict.fromkeys(metrics, 200), served
+
 
 def test_a_direct_request_to_vllm_from_the_controller_is_refused(
     lab_under_test: LabUnderTest,

@@ -29,8 +29,11 @@ def inventory(*args: str) -> dict:
 def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
     data = inventory("-i", "inventory/lab/hosts.yml")
     hostvars = data["_meta"]["hostvars"]
-    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb", "gpu-lab-mon"]
     assert data["loadbalancers"]["hosts"] == ["gpu-lab-lb"]
+    assert data["monitoring"]["hosts"] == ["gpu-lab-mon"]
+    # The balancer lets the lab's Prometheus read metrics (and itself, for the tests).
+    assert hostvars["gpu-lab-lb"]["loadbalancer_monitoring_clients"].count("monitoring") == 1
     assert data["lab_servers"]["hosts"] == ["gpu-lab-01", "gpu-lab-02"]
     addresses = {name: host["ansible_host"] for name, host in hostvars.items()}
     assert len(set(addresses.values())) == len(addresses), "one address per host"
@@ -46,7 +49,7 @@ def test_lab_hosts_are_cpu_containers_with_the_tiny_models():
 def test_the_smollm2_lab_is_the_lab_with_the_real_model_on_its_servers():
     data = inventory("-i", "inventory/lab-smollm2")
     hostvars = data["_meta"]["hostvars"]
-    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb"]
+    assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb", "gpu-lab-mon"]
     assert data["packaged_models"]["children"] == ["lab_servers"]
     for name in ("gpu-lab-01", "gpu-lab-02"):
         server = hostvars[name]

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,6 +23,9 @@ from specfleet.host import metrics
 
 PROMPT = "A speculative decoder drafts a few tokens, and the target model"
 MAX_TOKENS = 32
+#: What the lab's Prometheus graph link shows: acceptance by draft position, per server.
+GRAPH = "instance:vllm_spec_decode_acceptance_by_position:ratio_rate"
+
 NEXT_COMMANDS = (
     "specfleet status                 # what each host serves, its health and acceptance",
     "specfleet train                  # train a drafter on the lab and publish it",
@@ -155,6 +159,14 @@ def tour(
             for command in NEXT_COMMANDS
         ],
     }
+    # The lab's Prometheus (its `monitoring` host), as status read it.
+    prometheus = status.get("prometheus") or {}
+    if prometheus.get("url"):
+        summary["prometheus"] = {
+            "url": prometheus["url"],
+            "ready": bool(prometheus.get("ready")),
+            "graph": f"{prometheus['url']}/graph?" + urllib.parse.urlencode({"g0.expr": GRAPH}),
+        }
     if not servers:
         summary["completion"] = {"error": "no server answers its health check"}
         return summary

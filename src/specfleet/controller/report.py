@@ -75,6 +75,16 @@ def render_tour(console: Console, lab: Mapping[str, Any]) -> None:
         if completion.get("curl"):
             console.print("  the same from your shell:", markup=False, highlight=False)
             console.print(f"  {completion['curl']}", markup=False, highlight=False, soft_wrap=True)
+    prometheus = lab.get("prometheus")
+    if prometheus:
+        state = "" if prometheus.get("ready") else " (not answering yet)"
+        console.print(
+            f"Prometheus{state}: {prometheus['url']}; acceptance by draft position: "
+            f"{prometheus['graph']}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print("Next:")
     comments = [command.partition("#")[2].strip() for command in NEXT_COMMANDS]
     for command, comment in zip(lab.get("next", []), comments, strict=False):
@@ -90,8 +100,10 @@ def render_outcome(console: Console, outcome: Outcome) -> None:
     if lab:
         render_tour(console, lab)
     recap = recap_table(outcome)
-    # `status` is its table; other commands show what they did on each host.
-    if recap is not None and (outcome.code != ExitCode.OK or status is None or lab):
+    # `status` is its table (also when a host is unhealthy: the table says why); other
+    # commands show what they did on each host.
+    quiet_recap = outcome.code in (ExitCode.OK, ExitCode.UNHEALTHY)
+    if recap is not None and (not quiet_recap or status is None or lab):
         console.print()
         console.print(recap)
     for result in outcome.results:
