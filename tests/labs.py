@@ -13,16 +13,22 @@ from typing import Any
 from specfleet.controller.paths import repo_root
 
 
-def lab_inventory_with(tmp_path: Path, prefix: str, subnet: str, servers: int = 1) -> Path:
+def lab_inventory_with(
+    tmp_path: Path, prefix: str, subnet: str, servers: int = 1, monitoring: bool = True
+) -> Path:
     """The lab inventory with one server (or two) of the test's own, its own network
-    (`subnet`, the first three octets of a /24) and key, so a running lab is left alone."""
+    (`subnet`, the first three octets of a /24) and key, so a running lab is left alone;
+    with the lab's Prometheus host unless ``monitoring`` is false (a lab whose tests do not
+    read it need not install it)."""
     lab = repo_root() / "inventory" / "lab"
     shutil.copytree(lab / "group_vars", tmp_path / "group_vars")
     hosts = (lab / "hosts.yml").read_text()
     second = "            gpu-lab-02:\n              ansible_host: 172.30.240.12\n"
+    prometheus = hosts[hosts.index("        # Prometheus over") : hosts.index("    gpu_hosts:")]
     assert second in hosts and "lab_network: specfleet-lab\n" in hosts
     hosts = (
         hosts.replace(second, "" if servers == 1 else second)
+        .replace(prometheus, prometheus if monitoring else "")
         .replace("gpu-lab-", prefix)
         .replace("lab_network: specfleet-lab\n", f"lab_network: {prefix}net\n")
         .replace("172.30.240.", f"{subnet}.")

@@ -68,6 +68,10 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     # line to paste that does the same.
     assert completion["url"] == "https://172.30.242.10:8080"
     assert completion_of_curl_line(completion["curl"])["choices"][0]["text"]
+    # The lab's Prometheus, named with a link to its graph of acceptance by position.
+    prometheus = up["lab"]["prometheus"]
+    assert prometheus["url"] == "http://172.30.242.20:9090" and prometheus["ready"]
+    assert prometheus["graph"].startswith(prometheus["url"] + "/graph?g0.expr=")
     # The next commands drive this lab: they carry its inventory.
     assert up["lab"]["next"][:2] == [
         f"specfleet status -i {inventory}",
@@ -99,6 +103,7 @@ def test_lab_up_again_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:
         "localhost": 0,
         HOST: 0,
         "cli-lab-lb": 0,
+        "cli-lab-mon": 0,
     }
     assert again["status"]["servers"][HOST]["health"] == "ok"
 
@@ -118,6 +123,11 @@ def test_status_reads_the_lab_and_changes_nothing(lab: tuple[Path, dict[str, Any
     balancer = status["status"]["loadbalancer"]
     assert balancer["host"] == "cli-lab-lb" and balancer["reachable"] and balancer["tls"]
     assert row["loadbalancer"]["status"] == "UP", row["loadbalancer"]
+    # Acceptance over Prometheus' window too (the lab's: 1 minute), from its monitoring host.
+    assert status["status"]["prometheus"]["ready"], status["status"]["prometheus"]
+    assert row["acceptance_window"]["source"] == "prometheus"
+    assert row["acceptance_window"]["window"] == "1m"
+    assert status["status"]["unhealthy_hosts"] == []
 
 
 def test_an_unreachable_host_is_named_and_has_its_exit_code(

@@ -60,7 +60,7 @@ UNIT = "specfleet-vllm.service"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabUnderTest]:
     folder = tmp_path_factory.mktemp("fleet-faults")
-    inventory = lab_inventory_with(folder, PREFIX, "172.30.243", servers=2)
+    inventory = lab_inventory_with(folder, PREFIX, "172.30.243", servers=2, monitoring=False)
     # The second stack's wheels too (the waves are site.yml's: the canary, then the other).
     data = yaml.safe_load(inventory.read_text())
     data["all"]["children"]["lab"]["vars"] |= {
