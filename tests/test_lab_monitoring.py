@@ -212,7 +212,8 @@ def test_a_poor_drafter_and_a_stopped_server_alert_then_clear(
     lab_under_test: LabUnderTest, prometheus: Prometheus, door: Door
 ) -> None:
     """The lab serves an untrained drafter (mean acceptance length about 1.0, under the
-    floor of 1.5): under load it alerts. A stopped server alerts. Both clear: the server
+    floor of 1.5) until a trained one is published, as `lab up` leaves it: under load it
+    alerts. A stopped server alerts. Both clear: the server
     started again, and the poor drafter's drafts out of the window."""
     lab = lab_under_test
     server = lab.servers[0]
