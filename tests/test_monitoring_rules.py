@@ -479,3 +479,56 @@ def test_the_dashboard_reads_only_rules_and_metrics_that_exist(rendered):
                 re.findall(r"\b((?:instance|fleet):[a-z0-9_]+:[a-z0-9_]+)\b", target["expr"])
             )
             assert names <= recorded, (panel["title"], names - recorded)
+
+
+def test_grafanas_provisioning_names_the_dashboard_and_this_prometheus(ansible):
+    """Where Grafana runs (monitoring_grafana_provisioning_dir), the role writes a dashboard
+    provider, the dashboard and a data source: their contents as the role renders them."""
+    inventory = ansible.tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    gpu_hosts:\n      hosts:\n        gpu-1: {}\n"
+        "    monitoring:\n      hosts:\n        localhost: {ansible_connection: local}\n"
+    )
+    out = ansible.tmp_path / "provisioning"
+    # The role's files/ as this play's own (a lookup outside the role searches beside it).
+    (ansible.tmp_path / "files").symlink_to(ROLE / "files")
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars_files": role_vars_files("monitoring", profile=False),
+        "tasks": [
+            {
+                "ansible.builtin.copy": {
+                    "content": "{{ item.content }}",
+                    "dest": "{{ item.path }}",
+                    "mode": "0600",
+                },
+                "loop": "{{ __monitoring_grafana_files }}",
+            }
+        ],
+        # The folders the role makes (tasks/main.yml) before it writes the files.
+        "pre_tasks": [
+            {
+                "ansible.builtin.file": {
+                    "path": "{{ item }}",
+                    "state": "directory",
+                    "mode": "0700",
+                },
+                "loop": [f"{out}/dashboards/specfleet", f"{out}/datasources"],
+            }
+        ],
+    }
+    result = ansible.playbook(
+        [play], {"monitoring_grafana_provisioning_dir": str(out)}, inventory=str(inventory)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    provider = yaml.safe_load((out / "dashboards" / "specfleet.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == str(out / "dashboards" / "specfleet")
+    source = yaml.safe_load((out / "datasources" / "specfleet-prometheus.yaml").read_text())
+    assert source["datasources"][0]["uid"] == "specfleet-prometheus"
+    assert source["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    dashboard = json.loads((out / "dashboards" / "specfleet" / "specfleet-vllm.json").read_text())
+    assert dashboard == json.loads((ROLE / "files" / "specfleet-vllm-dashboard.json").read_text())
+    # The dashboard's data source variable defaults to the provisioned one.
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
+    assert variable["current"]["value"] == "specfleet-prometheus"
