@@ -91,6 +91,10 @@ class LabUnderTest:
         """``argv`` run as root in the lab host's container; its standard output."""
         return self.exec_input(host, argv, None, timeout)
 
+    def fetch(self, host: str, url: str) -> str:
+        """The body of a GET of ``url`` from inside the lab host (its system Python)."""
+        return self.exec(host, ["python3", "-c", _FETCH, url])
+
     def exec_input(
         self, host: str, argv: list[str], stdin: str | None, timeout: float = 300
     ) -> str:
@@ -105,3 +109,9 @@ class LabUnderTest:
         )
         assert run.returncode == 0, f"{host}: {argv}: {run.stdout}{run.stderr}"
         return run.stdout
+
+
+_FETCH = (
+    "import sys, urllib.request; "
+    "print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())"
+)

@@ -328,12 +328,9 @@ def test_the_metrics_listener_answers_monitoring_addresses_only(
     addresses the inventory names get an answer: the lab names the balancer itself."""
     lab = lab_under_test
     balancer = lab.address(lab.balancer)
-    inside = lab.exec(
-        lab.balancer,
-        ["python3", "-c", _FETCH, f"http://{balancer}:8405/servers/{lab.servers[0]}/metrics"],
-    )
+    inside = lab.fetch(lab.balancer, f"http://{balancer}:8405/servers/{lab.servers[0]}/metrics")
     assert "vllm:" in inside
-    own = lab.exec(lab.balancer, ["python3", "-c", _FETCH, f"http://{balancer}:8405/metrics"])
+    own = lab.fetch(lab.balancer, f"http://{balancer}:8405/metrics")
     assert "haproxy_" in own
     # From the controller, which is not a monitoring address: the connection is refused.
     connection = http.client.HTTPConnection(balancer, 8405, timeout=10)
@@ -341,11 +338,6 @@ def test_the_metrics_listener_answers_monitoring_addresses_only(
         connection.request("GET", "/metrics")
         connection.getresponse().read()
 
-
-_FETCH = (
-    "import sys, urllib.request; "
-    "print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())"
-)
 
 #: Sends each (method, target) of a JSON list on standard input to host:port over one
 #: connection each, and prints [status, X-Specfleet-Refused] for each, as JSON.

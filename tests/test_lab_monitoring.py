@@ -29,6 +29,8 @@ import pytest
 from doorclient import Door, send
 from labs import LabUnderTest
 
+from specfleet.host import metrics
+
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +147,11 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
         scraped = samples(prometheus, f"{DRAFTS}{selector}[20s]")
         if not scraped or scraped[-1][1] != own[DRAFTS]:
             return None
-        later = [s for s in samples(prometheus, f"{RULE}{selector}[20s]") if s[0] > scraped[-1][0]]
+        # The first scrape that saw them (no traffic since: every later one agrees), not the
+        # last: scrapes and rule runs interleave, and a later scrape is often newer than
+        # the latest rule run.
+        seen = min(at for at, value in scraped if value == own[DRAFTS])
+        later = [s for s in samples(prometheus, f"{RULE}{selector}[20s]") if s[0] > seen]
         return later[0] if later else None
 
     evaluated_at, recorded = wait_for(
@@ -173,24 +179,14 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
 
 
 def own_counters(lab: LabUnderTest, server: str) -> dict[str, float]:
-    """The counters as vLLM itself reports them, read on the server host."""
-    text = lab.exec(
-        server,
-        ["python3", "-c", _FETCH, f"http://{lab.address(server)}:8000/metrics"],
-    )
-    wanted = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")
-    counters = dict.fromkeys(wanted, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in counters:
-            counters[name] += float(line.rsplit(" ", 1)[1])
-    return counters
-
-
-_FETCH = (
-    "import sys, urllib.request; "
-    "print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())"
-)
+    """The counters as vLLM itself reports them, read on the server host and parsed by the
+    project's one reader of /metrics (specfleet.host.metrics), by Prometheus series name."""
+    text = lab.fetch(server, f"http://{lab.address(server)}:8000/metrics")
+    counters = metrics.spec_decode_counters(text)
+    return {
+        DRAFTS: counters.get((metrics.DRAFTS, ""), 0.0),
+        ACCEPTED: counters.get((metrics.ACCEPTED, ""), 0.0),
+    }
 
 
 def test_every_dashboard_query_runs_on_the_real_prometheus(prometheus: Prometheus) -> None:
