@@ -22,11 +22,12 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+
+from specfleet.host.metrics import finite
 
 
 def _dialled(host: Mapping[str, Any]) -> str:
@@ -91,15 +92,6 @@ def monitoring_targets(
     return targets
 
 
-def _number(text: Any) -> float | None:
-    """A sample's value, None where it is not a number (NaN: no drafts in the window)."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def monitoring_status(answers: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """`specfleet status`'s view of Prometheus from the results of three instant queries, in
     order: ``up{job="vllm"}``, each server's mean acceptance length, its acceptance by
@@ -108,13 +100,13 @@ def monitoring_status(answers: Sequence[Sequence[Mapping[str, Any]]]) -> dict[st
     by_position: dict[str, dict[int, float | None]] = {}
     for sample in positions:
         labels = sample["metric"]
-        by_position.setdefault(labels["instance"], {})[int(labels["position"])] = _number(
+        by_position.setdefault(labels["instance"], {})[int(labels["position"])] = finite(
             sample["value"][1]
         )
     return {
         "ready": True,
         "up": {s["metric"]["instance"]: int(float(s["value"][1])) for s in up},
-        "acceptance": {s["metric"]["instance"]: _number(s["value"][1]) for s in lengths},
+        "acceptance": {s["metric"]["instance"]: finite(s["value"][1]) for s in lengths},
         "by_position": {
             host: [values[position] for position in sorted(values)]
             for host, values in sorted(by_position.items())

@@ -14,7 +14,6 @@ otherwise, for the table and for the exit code (5, `specfleet status`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specfleet.controller.events import PlayResult
+from specfleet.host.metrics import finite
 
 ABSENT = "absent"
 
@@ -127,26 +127,17 @@ def _acceptance_window(scraped: Mapping[str, Any] | None, host: str) -> dict[str
     if host not in lengths:
         return None
     window: dict[str, Any] = {
-        "mean_acceptance_length": _number(lengths[host]),
+        "mean_acceptance_length": finite(lengths[host]),
         "window": scraped.get("window"),
         "source": "prometheus",
     }
     by_position = (scraped.get("by_position") or {}).get(host)
     if isinstance(by_position, list):
-        window["by_position"] = [_number(rate) for rate in by_position]
+        window["by_position"] = [finite(rate) for rate in by_position]
     up = (scraped.get("up") or {}).get(host)
     if up is not None:
-        window["up"] = _number(up) == 1
+        window["up"] = finite(up) == 1
     return window
-
-
-def _number(value: Any) -> float | None:
-    """A Prometheus figure as a float; None for none, NaN (no drafts: 0/0) or not a number."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _unread(result: PlayResult, host: str) -> str:

@@ -13,6 +13,7 @@ Acceptance from two snapshots: rate = accepted / drafted tokens; mean acceptance
 from __future__ import annotations
 
 import json
+import math
 import sys
 import urllib.request
 from typing import Any
@@ -41,6 +42,16 @@ def spec_decode_counters(text: str) -> Counters:
                 key = (sample.name.removesuffix("_total"), sample.labels.get("position", ""))
                 values[key] = values.get(key, 0.0) + sample.value
     return values
+
+
+def finite(value: Any) -> float | None:
+    """A Prometheus figure as a float; None for none, NaN (a ratio of no drafts: 0/0), an
+    infinity or not a number. Prometheus' API gives figures as strings."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def gauge(text: str, name: str) -> float:
