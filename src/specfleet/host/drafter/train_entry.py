@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 
 from specfleet.host.drafter.progress import Progress, TrainingMetricsHandler
@@ -31,10 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     train_args = [word for word in args.train_args if word != "--"]
 
     if args.cpu_compat:
-        from specfleet.host.drafter.cpu_compat import TRAIN_ARGS, patch_speculators_training
+        from specfleet.host.drafter import cpu_compat
 
-        patch_speculators_training()
-        train_args = TRAIN_ARGS + train_args
+        cpu_compat.patch_speculators_training()
+        bf16 = cpu_compat.native_bf16()
+        # Said in the stage log: the dtype decides how long the stage takes on a CPU.
+        print(f"specfleet: training in {'bfloat16' if bf16 else 'float32'} on this CPU", flush=True)
+        # Speculators' own float32 choice runs autocast with a dtype it does not support,
+        # which torch disables (what is meant) with a warning once per process.
+        warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype")
+        train_args = cpu_compat.train_args(bf16) + train_args
 
     import speculators.train.trainer as trainer
     from speculators.train.cli import main as train
