@@ -104,12 +104,25 @@ def served_host(tmp_path: Path, fake_server: int) -> dict[str, Any]:
     (config / "eagle3-whitelist.json").write_text(
         json.dumps({"vllm_version": "0.32.0", "whitelist": "list", "entries": ["llama", "tiny"]})
     )
+    (config / "eagle3-preflight.json").write_text(
+        json.dumps(
+            {
+                "verdict": "ok",
+                "vllm": "0.32.0",
+                "checks": [
+                    {"name": "hidden size", "outcome": "ok"},
+                    {"name": "provenance", "outcome": "unverified"},
+                ],
+            }
+        )
+    )
     store = tmp_path / "drafters"
     (store / "9f86d081884c7d65").mkdir(parents=True)
     (store / "current").symlink_to(store / "9f86d081884c7d65")
     return local_host(
         specfleet_stack_manifest=str(config / "stack.json"),
         specfleet_whitelist_record=str(config / "eagle3-whitelist.json"),
+        specfleet_eagle3_preflight_record=str(config / "eagle3-preflight.json"),
         specfleet_drafter_store=str(store),
         specfleet_server_port=fake_server,
         specfleet_server_unit="specfleet-test-no-such-unit",
@@ -130,6 +143,7 @@ def test_status_reads_a_host_and_names_the_unreachable_one(
     bare = local_host(
         specfleet_stack_manifest=str(tmp_path / "none" / "stack.json"),
         specfleet_whitelist_record=str(tmp_path / "none" / "whitelist.json"),
+        specfleet_eagle3_preflight_record=str(tmp_path / "none" / "preflight.json"),
         specfleet_drafter_store=str(tmp_path / "none" / "drafters"),
         # Nothing listens on port 1.
         specfleet_server_port=1,
@@ -160,6 +174,7 @@ def test_status_reads_a_host_and_names_the_unreachable_one(
     }
     assert served["whitelist"]["shape"] == "list"
     assert served["whitelist"]["entries"] == ["llama", "tiny"]
+    assert served["preflight"] == {"verdict": "ok", "vllm": "0.32.0", "unverified": ["provenance"]}
     assert served["drafter"] == "9f86d081884c7d65"
     assert served["unit"] == "absent"
     assert served["health"] == "ok"
@@ -169,7 +184,7 @@ def test_status_reads_a_host_and_names_the_unreachable_one(
         "accepted_tokens": 70,
         "mean_acceptance_length": 2.75,
     }
-    for part in ("stack", "whitelist", "drafter", "unit", "health", "acceptance"):
+    for part in ("stack", "whitelist", "preflight", "drafter", "unit", "health", "acceptance"):
         assert servers["bare"][part] == "absent", part
     # Not healthy, and why; the unreachable host's exit code (4) wins over unhealthy (5).
     assert served["unhealthy"] == ["unit absent"]

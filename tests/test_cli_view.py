@@ -195,6 +195,7 @@ STATUS_DATA = {
             "model": "llama",
             "stack": {"lock": "cuda", "hash": "0123456789abcdef", "vllm": "0.32.0"},
             "whitelist": {"shape": "list", "entries": ["llama", "qwen"], "vllm": "0.32.0"},
+            "preflight": {"verdict": "ok", "vllm": "0.32.0", "unverified": ["provenance"]},
             "drafter": "9f86d081884c7d659a2f",
             "unit": {"active": "active", "sub": "running", "main_pid": 4242, "restarts": 0},
             "health": "ok",
@@ -253,13 +254,13 @@ def test_status_rows_map_the_balancers_view_by_inventory_name() -> None:
 
 
 def test_the_status_table() -> None:
-    out = console(width=200)
+    out = console(width=240)
     out.print(status_table(fleet_status(status_result())))
     text = out.export_text()
     gpu01 = next(line for line in text.splitlines() if "gpu-01" in line)
     for cell in (
         "cuda 0123456789ab · vLLM 0.32.0",
-        "list, 2 entries",
+        "ok (unverified: provenance) ·",
         "9f86d081884c",
         "active/running pid 4242, 0 restarts",
         "ok",
@@ -267,6 +268,7 @@ def test_the_status_table() -> None:
         "UP, 2 sessions, 0 queued",
     ):
         assert cell in gpu01
+    assert "whitelist list, 2 entries" in text  # the EAGLE-3 cell's second line
     gpu02 = next(line for line in text.splitlines() if "gpu-02" in line)
     assert gpu02.count("absent") == 7
     assert "unreachable" in next(line for line in text.splitlines() if "gpu-03" in line)

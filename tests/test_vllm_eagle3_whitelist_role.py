@@ -31,6 +31,9 @@ def setup(tmp_path: Path) -> tuple[FakeVllm, dict[str, object]]:
         "vllm_eagle3_patch_python": str(vllm.python),
         "specfleet_model": str(model),
         "specfleet_whitelist_record": str(tmp_path / "eagle3-whitelist.json"),
+        # The whitelist alone: these vLLMs are a release's config files, no models (the
+        # preflight has tests/test_eagle3_preflight_role.py).
+        "vllm_eagle3_patch_preflight": False,
     }
 
 

@@ -163,6 +163,19 @@ def _whitelist(value: Any) -> str:
     return f"{value.get('shape')}, {len(entries)} entries" if entries else str(value.get("shape"))
 
 
+def _eagle3(whitelist: Any, preflight: Any) -> str:
+    """The preflight's verdict on what is served, what it could not check, the whitelist."""
+    if not isinstance(preflight, Mapping) and not isinstance(whitelist, Mapping):
+        return "absent"
+    verdict = "no preflight"
+    if isinstance(preflight, Mapping):
+        verdict = str(preflight.get("verdict"))
+        unverified = preflight.get("unverified") or []
+        if unverified:
+            verdict += f" (unverified: {', '.join(unverified)})"
+    return f"{verdict} · whitelist {_whitelist(whitelist)}"
+
+
 def _unit(value: Any, stack: Any = None) -> Text:
     if not isinstance(value, Mapping):
         return Text(str(value), style="red")
@@ -206,7 +219,7 @@ def status_table(status: Mapping[str, Any]) -> Table:
     balancer = status.get("loadbalancer")
     table = Table(title="specfleet status", title_justify="left", caption_justify="left")
     table.add_column("host", no_wrap=True)
-    for column in ("stack", "whitelist", "drafter", "unit", "health", "acceptance"):
+    for column in ("stack", "EAGLE-3", "drafter", "unit", "health", "acceptance"):
         table.add_column(column, overflow="fold")
     if balancer:
         table.add_column(f"balancer ({balancer.get('host')})", overflow="fold")
@@ -217,7 +230,7 @@ def status_table(status: Mapping[str, Any]) -> Table:
             health = str(row.get("health"))
             cells = [
                 _stack(row.get("stack")),
-                _whitelist(row.get("whitelist")),
+                _eagle3(row.get("whitelist"), row.get("preflight")),
                 str(row.get("drafter"))[:12],
                 _unit(row.get("unit"), row.get("stack")),
                 Text(health, style="green" if health == "ok" else "red"),

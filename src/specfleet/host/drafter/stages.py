@@ -37,6 +37,7 @@ from specfleet.host.drafter.inputs import (
 )
 from specfleet.host.drafter.progress import Progress, write_json
 from specfleet.host.drafter_store import DRAFTER_FILES
+from specfleet.host.eagle3_preflight import TRAINING_KEY, target_identity
 from specfleet.host.hashing import sha256_file
 
 MANIFEST = "manifest.json"
@@ -451,9 +452,10 @@ def _evaluate_settings(ctx: Context) -> dict[str, Any]:
         "num_speculative_tokens": ctx.config.num_speculative_tokens,
         "max_tokens": ctx.config.eval_max_tokens,
         "baseline": directory_digest(Path(baseline)) if baseline else None,
-        # The candidate's config without remote-code hints (data_only): a run evaluated
-        # before that is evaluated and exported again, its training kept.
-        "export": "data-only",
+        # The candidate's config without remote-code hints (data_only) and with its
+        # training record (record_training): a run evaluated before either is evaluated and
+        # exported again, its training kept.
+        "export": "data-only, training record",
     }
 
 
@@ -470,6 +472,19 @@ def data_only(config_file: Path) -> None:
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def record_training(config_file: Path, record: dict[str, Any]) -> None:
+    """Write what the drafter was trained for into its config.json (TRAINING_KEY).
+
+    specfleet.host.eagle3_preflight compares it with what a host is about to serve: the
+    target (its identity), the layers the drafter reads, the k it was evaluated at. Part of
+    config.json, so the drafter's digest covers it and it travels wherever the drafter
+    goes; vLLM reads neither format's unknown keys.
+    """
+    config = json.loads(config_file.read_text())
+    config[TRAINING_KEY] = record
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def _evaluate_run(ctx: Context, out: Path) -> dict[str, Any]:
     """Serve the target with each drafter; measure acceptance from vLLM's own counters."""
     from specfleet.host.drafter.evaluate import measure
@@ -483,6 +498,14 @@ def _evaluate_run(ctx: Context, out: Path) -> dict[str, Any]:
         shutil.copyfile(checkpoint / name, candidate / name)
         (candidate / name).chmod(0o644)
     data_only(candidate / "config.json")
+    record_training(
+        candidate / "config.json",
+        {
+            "target_identity": target_identity(Path(ctx.config.target)),
+            "aux_layer_ids": layer_ids(ctx.config, ctx.facts),
+            "num_speculative_tokens": ctx.config.num_speculative_tokens,
+        },
+    )
     prompts = [row["messages"] for row in read_rows(ctx.dirs["prompts"] / "heldout.jsonl")]
     drafters = {"candidate": candidate}
     if ctx.config.baseline_drafter:
