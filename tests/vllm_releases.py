@@ -61,8 +61,22 @@ EXPECTED_FILE = {
     "0.32.0": None,
 }
 
-# Files taken out of each wheel: every place the check has lived.
-WANTED = ("vllm/config.py", "vllm/config/__init__.py", "vllm/config/speculative.py")
+# Files taken out of each wheel: every place the check has lived (the module's), and what
+# the EAGLE-3 preflight reads for the tiny target, SmolLM2 and an unsupported target: the
+# model registry, the interfaces, the Llama and GPT-2 classes, the readers of speculators'
+# and EAGLE's drafter configs, and the package's own __init__ (the module's tests replace
+# it: the real one imports torch).
+CHECK_FILES = ("vllm/config.py", "vllm/config/__init__.py", "vllm/config/speculative.py")
+PREFLIGHT_FILES = (
+    "vllm/__init__.py",
+    "vllm/model_executor/models/registry.py",
+    "vllm/model_executor/models/interfaces.py",
+    "vllm/model_executor/models/llama.py",
+    "vllm/model_executor/models/gpt2.py",
+    "vllm/transformers_utils/configs/speculators/algos.py",
+    "vllm/transformers_utils/configs/eagle.py",
+)
+WANTED = CHECK_FILES + PREFLIGHT_FILES
 MARKER = "specfleet-release.json"
 
 
@@ -72,6 +86,9 @@ def _release_valid(folder: Path) -> bool:
         return False
     try:
         recorded = json.loads(marker.read_text())
+        # An entry made for another list of files is made again.
+        if recorded.get("wanted") != list(WANTED):
+            return False
         return all(
             sha256_file(folder / name) == digest for name, digest in recorded["files"].items()
         )
@@ -91,9 +108,14 @@ def extract_release(wheel: Path, dest: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(archive.read(name))
             files[name] = sha256_file(target)
-    if not any(name in WANTED for name in files):
-        raise RuntimeError(f"{wheel.name} holds none of {WANTED}")
-    record = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel), "files": files}
+    if not any(name in CHECK_FILES for name in files):
+        raise RuntimeError(f"{wheel.name} holds none of {CHECK_FILES}")
+    record = {
+        "wheel": wheel.name,
+        "wheel_sha256": sha256_file(wheel),
+        "files": files,
+        "wanted": list(WANTED),
+    }
     (dest / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -154,7 +176,7 @@ def install_release(folder: Path, site: Path) -> dict[str, Path]:
     Returns the installed path of every kept source file.
     """
     installed: dict[str, Path] = {}
-    for name in WANTED:
+    for name in CHECK_FILES:  # the preflight reads the others from the release folder
         source = folder / name
         if source.is_file():
             target = site / name

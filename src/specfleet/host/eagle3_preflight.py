@@ -31,6 +31,7 @@ import os
 import struct
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,12 @@ MODELS_PACKAGE = "vllm.model_executor.models"
 PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 INTERFACES = "model_executor/models/interfaces.py"
 SPECULATORS_ALGOS = "transformers_utils/configs/speculators/algos.py"
+EAGLE_CONFIG = "transformers_utils/configs/eagle.py"
+#: The class early V1 releases build for every EAGLE-3 drafter, whatever its config names.
+EAGLE3_LLAMA = "Eagle3LlamaForCausalLM"
 EAGLE3_INTERFACE = "SupportsEagle3"
+#: What the model runner calls on an EAGLE-3 target in releases before the interface.
+EAGLE3_METHODS = frozenset({"set_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers"})
 #: How deep a model class's bases are followed through vLLM's modules.
 MAX_BASE_DEPTH = 8
 HEADER_LIMIT = 100 << 20  # a safetensors header larger than this is not one
@@ -234,35 +240,51 @@ class VllmSource:
             for node in ast.walk(tree)
         )
 
-    def implements_eagle3(self, module: str, name: str, depth: int = 0) -> bool:
+    def implements_eagle3(self, module: str, name: str) -> bool:
         """Whether class ``name`` of ``module`` (as the registry names it: under
-        ``model_executor/models``, or absolute from ``vllm.``) has SupportsEagle3 among
-        its bases, followed through vLLM's own modules."""
+        ``model_executor/models``, or absolute from ``vllm.``) can give EAGLE-3 its aux
+        hidden states: SupportsEagle3 among its bases where the release has that
+        interface; before it (0.8.5, 0.10.0) the two methods the model runner calls on
+        the target, ``set_aux_hidden_state_layers`` and
+        ``get_eagle3_aux_hidden_state_layers``. Bases are followed through vLLM's modules."""
+        if self.has_eagle3_interface():
+            return self._class_has(module, name, lambda _methods, bases: EAGLE3_INTERFACE in bases)
+        return self._class_has(module, name, lambda methods, _bases: methods >= EAGLE3_METHODS)
+
+    def _class_has(
+        self,
+        module: str,
+        name: str,
+        found: Callable[[frozenset[str], set[str]], bool],
+        depth: int = 0,
+        methods: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Whether ``found(methods, bases)`` holds for class ``name`` of ``module`` or a
+        base of it; ``methods`` are those of the class and of the subclasses on the way."""
         if depth > MAX_BASE_DEPTH:
             return False
         absolute = module if module.startswith("vllm.") else f"{MODELS_PACKAGE}.{module}"
-        found = self._module_tree(absolute)
-        if found is None:
+        parsed = self._module_tree(absolute)
+        if parsed is None:
             return False
-        tree, is_package = found
+        tree, is_package = parsed
         package = absolute.split(".") if is_package else absolute.split(".")[:-1]
         imported = _imports(tree, package, self.platform)
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
-                for base in node.bases:
-                    base_name = (
-                        base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
-                    )
-                    if base_name == EAGLE3_INTERFACE:
-                        return True
-                    if base_name is None:
-                        continue
-                    homes = imported.get(base_name, [(absolute, base_name)])
-                    if any(self.implements_eagle3(m, n, depth + 1) for m, n in homes):
-                        return True
-                return False
+                bases = {base for base in map(_base_name, node.bases) if base}
+                methods = methods | _methods(node)
+                if found(methods, bases):
+                    return True
+                return any(
+                    self._class_has(m, n, found, depth + 1, methods)
+                    for base in sorted(bases)
+                    for m, n in imported.get(base, [(absolute, base)])
+                )
         # Not defined here: re-exported from another of vLLM's modules.
-        return any(self.implements_eagle3(m, n, depth + 1) for m, n in imported.get(name, []))
+        return any(
+            self._class_has(m, n, found, depth + 1, methods) for m, n in imported.get(name, [])
+        )
 
     def _module_tree(self, absolute: str) -> tuple[ast.Module, bool] | None:
         """The parse of vLLM module ``absolute`` (``vllm.a.b``: vllm/a/b.py, or
@@ -276,6 +298,34 @@ class VllmSource:
             if tree is not None:
                 return tree, is_package
         return None
+
+    def eagle3_drafter_name(self, architecture: str) -> str:
+        """The architecture vLLM looks an EAGLE-3 drafter up by, after its EAGLE config
+        renamed the one in config.json. From 0.10 it prefixes ``Eagle3`` to a name without
+        it (0.10.1 also keeps a name ending in ``Eagle3``); 0.8.5's config names no
+        drafter class and its proposer builds Eagle3LlamaForCausalLM for every one."""
+        tree = _parse(self.package / EAGLE_CONFIG)
+        if tree is None:
+            return architecture
+        renames = any(
+            isinstance(node, ast.JoinedStr)
+            and node.values
+            and isinstance(node.values[0], ast.Constant)
+            and node.values[0].value == "Eagle3"
+            for node in ast.walk(tree)
+        )
+        if not renames:
+            return EAGLE3_LLAMA
+        keeps_suffix = any(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "endswith"
+            and any(isinstance(a, ast.Constant) and a.value == "Eagle3" for a in node.args)
+            for node in ast.walk(tree)
+        )
+        if architecture.startswith("Eagle3") or (keeps_suffix and architecture.endswith("Eagle3")):
+            return architecture
+        return f"Eagle3{architecture}"
 
     def speculators_arch_map(self, algorithm: str) -> dict[str, str] | None:
         """model_type -> drafter architecture for a speculators algorithm; None when this
@@ -308,6 +358,14 @@ class VllmSource:
                         return mapping
             return {}
         return None
+
+
+def _base_name(base: ast.expr) -> str | None:
+    return base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+
+
+def _methods(node: ast.ClassDef) -> frozenset[str]:
+    return frozenset(item.name for item in node.body if isinstance(item, ast.FunctionDef))
 
 
 def _platform_test(node: ast.If) -> str | None:
@@ -393,35 +451,27 @@ def check_target(
             )
         ]
     module, name = found
-    if vllm.has_eagle3_interface():
-        if vllm.implements_eagle3(module, name):
-            checks.append(
-                Check(
-                    "target architecture",
-                    "ok",
-                    f"{architecture}: {module}.{name} implements {EAGLE3_INTERFACE} in {release}",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "target architecture",
-                    "refused",
-                    f"{release} serves {architecture} with {module}.{name}, which does not "
-                    f"implement {EAGLE3_INTERFACE}: it cannot speculate with EAGLE-3 for this "
-                    "target",
-                    "a vLLM release whose class for this architecture implements "
-                    f"{EAGLE3_INTERFACE}, or serve without speculation "
-                    "(vllm_server_speculative_enabled: false)",
-                )
-            )
+    # What the release asks of the target's class: the interface, or before it the two
+    # methods its model runner calls.
+    needs = (
+        f"implements {EAGLE3_INTERFACE}"
+        if vllm.has_eagle3_interface()
+        else f"defines {' and '.join(sorted(EAGLE3_METHODS))}"
+    )
+    if vllm.implements_eagle3(module, name):
+        checks.append(
+            Check("target architecture", "ok", f"{architecture}: {module}.{name} {needs}")
+        )
     else:
         checks.append(
             Check(
                 "target architecture",
-                "ok",
-                f"{architecture}: {module}.{name} in {release}, "
-                "which has no EAGLE-3 interface (its whitelist decides)",
+                "refused",
+                f"{release} serves {architecture} with {module}.{name}, which does not "
+                f"{needs.replace('implements', 'implement').replace('defines', 'define')}: "
+                "it cannot speculate with EAGLE-3 for this target",
+                "a vLLM release whose class for this architecture does, or serve without "
+                "speculation (vllm_server_speculative_enabled: false)",
             )
         )
     if whitelist == "absent":
@@ -452,14 +502,13 @@ def _drafter_architecture(vllm: VllmSource, drafter: Drafter) -> tuple[Check, bo
                     "drafter architecture",
                     "refused",
                     f"{release} does not read speculators' {drafter.algorithm} checkpoints",
-                    "a vLLM release that reads speculators' format (0.11 and later), or the "
-                    "drafter converted to the EAGLE-3 checkpoint layout",
+                    "a vLLM release that reads speculators' format, or the drafter converted "
+                    "to the EAGLE-3 checkpoint layout",
                 ),
                 False,
             )
         # A release whose reader maps no model types builds every eagle3 drafter as Llama.
-        default = "Eagle3LlamaForCausalLM"
-        architecture = mapping.get(drafter.layer_model_type) if mapping else default
+        architecture = mapping.get(drafter.layer_model_type) if mapping else EAGLE3_LLAMA
         if architecture is None:
             return (
                 Check(
@@ -472,15 +521,18 @@ def _drafter_architecture(vllm: VllmSource, drafter: Drafter) -> tuple[Check, bo
                 False,
             )
     else:
-        architecture = drafter.architecture
+        architecture = vllm.eagle3_drafter_name(str(drafter.architecture))
+    named = f"{drafter.architecture} (as {architecture})"
+    if architecture == drafter.architecture or drafter.form == "speculators":
+        named = str(architecture)
     if str(architecture) in vllm.registry():
-        return Check("drafter architecture", "ok", f"{architecture} in {release}"), True
+        return Check("drafter architecture", "ok", f"{named} in {release}"), True
     return (
         Check(
             "drafter architecture",
             "refused",
-            f"{release} has no drafter class {architecture}",
-            "a vLLM release that registers it",
+            f"{release} has no drafter class {named}",
+            "a vLLM release that registers it, or the drafter's config.json naming one it does",
         ),
         False,
     )
