@@ -23,6 +23,7 @@ FILES = [
     "/opt/specfleet/bin/vllm-server-stop",
     "/etc/specfleet/stack.json",
     "/etc/specfleet/eagle3-whitelist.json",
+    "/etc/specfleet/eagle3-preflight.json",
 ]
 
 
