@@ -33,6 +33,7 @@ class StubVllm:
         self.health = 200
         # vLLM 0.31's CPU build without a C++ compiler: a sampled request kills the engine.
         self.sampling_kills_the_engine = False
+        self.prompts: list[str] = []
 
     def metrics(self) -> str:
         return (
@@ -45,6 +46,7 @@ class StubVllm:
         )
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.prompts.append(body["prompt"])
         tokens = int(body["max_tokens"])
         if self.speculating:
             drafts = tokens // (1 + self.accept_per_draft)
@@ -131,6 +133,16 @@ def test_a_speculating_server_passes_with_its_figures(stub, capsys) -> None:
     assert report["draft_tokens"] == 24 and report["accepted_tokens"] == 8
     assert report["mean_acceptance_length"] == 2.0
     assert report["sampled_completion_tokens"] == 16
+
+
+def test_acceptance_is_measured_over_every_prompt(stub, capsys) -> None:
+    vllm, url = stub
+    prompts = ["--prompt", "How do tides work?", "--prompt", "Name a prime", "--prompt", "Hi"]
+    code, report = run(url, KEY, *prompts, capsys=capsys)
+    assert code == 0, report
+    assert report["prompts"] == 3 and report["completion_tokens"] == 48
+    assert report["draft_tokens"] == 72 and report["accepted_tokens"] == 24
+    assert vllm.prompts[:3] == ["How do tides work?", "Name a prime", "Hi"]
 
 
 def test_a_server_that_does_not_speculate_fails(stub, capsys) -> None:

@@ -5,9 +5,10 @@
 
 1. wait until ``/health`` answers 200, ending early when the unit fails, stops or restarts
    (a model that crashes while loading does not make the gate wait its whole timeout);
-2. read the speculative counters, run a real greedy completion, read them again;
+2. read the speculative counters, run a real greedy completion of each ``--prompt`` (one
+   by default; publication gives a held-out set), read them again;
 3. with ``--speculative``: the drafter must have drafted (the draft-token counter grew),
-   and with ``--min-mean-acceptance-length`` its acceptance over the gate's request must
+   and with ``--min-mean-acceptance-length`` its acceptance over the gate's requests must
    reach that value (a 200 OK does not prove that speculation works);
 4. run a sampled completion (temperature 1, no seed: what clients send by default), and
    ``/health`` must still answer 200 after it. Sampling takes other code than greedy
@@ -85,16 +86,17 @@ def wait_healthy(unit: str, base_url: str, timeout: float) -> float | None:
 
 
 GREEDY = {"temperature": 0}
+DEFAULT_PROMPT = "The operator checks the service"
 # No seed: a seeded request takes vLLM's per-request generator path, not the batch's one.
 SAMPLED = {"temperature": 1.0, "top_p": 0.95}
 
 
 def complete(
-    args: argparse.Namespace, api_key: str, sampling: dict[str, float], step: str
+    args: argparse.Namespace, api_key: str, sampling: dict[str, float], step: str, prompt: str
 ) -> dict[str, Any]:
     body = {
         "model": args.model,
-        "prompt": args.prompt,
+        "prompt": prompt,
         "max_tokens": args.max_tokens,
         **sampling,
         # A random or young model may end at once; the gate wants tokens.
@@ -122,7 +124,7 @@ def complete(
 
 def sample(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
     """A sampled completion, then /health: the engine must have survived it."""
-    tokens = complete(args, api_key, SAMPLED, "sampling")["completion_tokens"]
+    tokens = complete(args, api_key, SAMPLED, "sampling", args.prompts[0])["completion_tokens"]
     if not answers_200(f"{args.base_url}/health"):
         raise GateFailed("sampling", "/health stopped answering 200 after a sampled completion")
     return {"sampled_completion_tokens": tokens}
@@ -133,7 +135,10 @@ def run_gate(args: argparse.Namespace, api_key: str) -> dict[str, Any]:
         "seconds_from_start": wait_healthy(args.unit, args.base_url, args.health_timeout)
     }
     before = metrics.spec_decode_counters(metrics.fetch(f"{args.base_url}/metrics"))
-    report |= complete(args, api_key, GREEDY, "completion")
+    completions = [complete(args, api_key, GREEDY, "completion", p) for p in args.prompts]
+    report |= completions[0]
+    report["prompts"] = len(completions)
+    report["completion_tokens"] = sum(c["completion_tokens"] for c in completions)
     after = metrics.spec_decode_counters(metrics.fetch(f"{args.base_url}/metrics"))
     report |= sample(args, api_key)
     if not args.speculative:
@@ -163,7 +168,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="model name clients use")
     parser.add_argument("--health-timeout", type=float, default=1800)
-    parser.add_argument("--prompt", default="The operator checks the service")
+    parser.add_argument(
+        "--prompt",
+        dest="prompts",
+        action="append",
+        help="a prompt to complete greedily (repeat for several; default: one of the gate's)",
+    )
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--request-timeout", type=float, default=300)
     parser.add_argument("--speculative", action="store_true", help="require drafted tokens")
@@ -171,7 +181,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--api-key-stdin", action="store_true", help="read the API key from standard input"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.prompts = args.prompts or [DEFAULT_PROMPT]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
