@@ -1,4 +1,5 @@
-"""Re-provisioning speed: a no-op `site.yml` next to a facts-only play, on a lab of its own.
+"""Re-provisioning speed: a no-op `site.yml`, through its fast path and through the full
+converge, next to a facts-only play, on a lab of its own.
 
 Run it on a controller (after `bin/bootstrap`, with Docker; nothing else running)::
 
@@ -12,9 +13,12 @@ timing that first converge; then, in one run, over the same SSH connections, it 
 
 * facts only: ``ansible HOSTS -m setup`` (what the issue's 1.52 s was);
 * a no-op ``ansible-playbook playbooks/site.yml`` on every lab host (it must report
-  changed=0), and its ratio to facts only;
-* the same no-op converge limited to one server and to all servers (fork scaling), beside
-  the same ratio for facts only (Ansible's one-task play: the best this machine allows);
+  changed=0), and its ratio to facts only: through the full converge
+  (``-e specfleet_converge_full=true``, what ``specfleet provision --full`` runs) and through
+  the fast path (every host's last full converge still holds: one call each);
+* the same no-op converges limited to one server and to all servers (fork scaling, in wall
+  time and in the controller's CPU seconds), beside the same ratio for facts only
+  (Ansible's one-task play: the best this machine allows);
 * the tasks each host ran and the ten slowest tasks of the no-op converge
   (ansible.posix.profile_tasks);
 * for each no-op converge, the CPU seconds the controller used and the whole machine's
@@ -171,7 +175,12 @@ def _median(argv: list[str], rounds: int, env: dict[str, str]) -> dict[str, Any]
     }
 
 
-def _no_op(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> dict[str, Any]:
+def _no_op(
+    inventory: Path, limit: str, rounds: int, env: dict[str, str], full: bool = False
+) -> dict[str, Any]:
+    """A converge that must change nothing: by default each host's fast path (its last full
+    converge still holds), with ``full`` the whole converge (`specfleet provision --full`),
+    which records each host again at its end."""
     argv = [
         str(BIN / "ansible-playbook"),
         "-i",
@@ -179,6 +188,7 @@ def _no_op(inventory: Path, limit: str, rounds: int, env: dict[str, str]) -> dic
         "playbooks/site.yml",
         "--limit",
         limit,
+        *(["-e", "specfleet_converge_full=true"] if full else []),
     ]
     run = _median(argv, rounds, env)
     output = run.pop("output")
@@ -203,43 +213,54 @@ def _lab(inventory: Path, action: str) -> float:
     return round(time.perf_counter() - start, 1)
 
 
+def _cpu(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "controller_cpu_s": run["controller_cpu_s"],
+        "machine_cpu_s": run["machine_cpu_s"],
+        "machine_busy_share": round(run["machine_cpu_s"] / (run["seconds"] * CORES), 2),
+    }
+
+
 def _figures(inventory: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
-    """Facts only and no-op converges over one connection setting, in one go."""
+    """Facts only, and no-op converges through the full converge and through the fast path,
+    over one connection setting, in one go. The full runs come first: each records the
+    hosts again, so the fast runs after them find every record in force."""
     one = f"{PREFIX}01"
     figures: dict[str, Any] = {
         "facts_all_s": _facts(inventory, "lab", rounds, env),
         "facts_one_s": _facts(inventory, one, rounds, env),
         "facts_all_servers_s": _facts(inventory, "lab_servers", rounds, env),
     }
-    everything = _no_op(inventory, "lab", rounds, env)
-    figures["no_op_all_s"] = everything["seconds"]
-    one_server = _no_op(inventory, one, rounds, env)
-    all_servers = _no_op(inventory, "lab_servers", rounds, env)
-    figures["no_op_one_server_s"] = one_server["seconds"]
-    figures["no_op_all_servers_s"] = all_servers["seconds"]
-    # Where fork scaling stops here: the cores' busy time against wall time x cores.
-    figures["cpu"] = {
-        name: {
-            "controller_cpu_s": run["controller_cpu_s"],
-            "machine_cpu_s": run["machine_cpu_s"],
-            "machine_busy_share": round(run["machine_cpu_s"] / (run["seconds"] * CORES), 2),
-        }
-        for name, run in (
-            ("every_host", everything),
-            ("one_server", one_server),
-            ("all_servers", all_servers),
-        )
+    runs = {
+        "full_every_host": _no_op(inventory, "lab", rounds, env, full=True),
+        "full_one_server": _no_op(inventory, one, rounds, env, full=True),
+        "full_all_servers": _no_op(inventory, "lab_servers", rounds, env, full=True),
+        "fast_every_host": _no_op(inventory, "lab", rounds, env),
+        "fast_one_server": _no_op(inventory, one, rounds, env),
+        "fast_all_servers": _no_op(inventory, "lab_servers", rounds, env),
     }
-    figures["ratio_to_facts"] = round(figures["no_op_all_s"] / figures["facts_all_s"], 1)
-    figures["fork_scaling"] = round(
-        figures["no_op_all_servers_s"] / figures["no_op_one_server_s"], 2
-    )
+    for name, run in runs.items():
+        figures[f"no_op_{name}_s"] = run["seconds"]
+    # Where fork scaling stops here: the cores' busy time against wall time x cores.
+    figures["cpu"] = {name: _cpu(run) for name, run in runs.items()}
+    for path in ("full", "fast"):
+        every, one_server, servers = (
+            runs[f"{path}_every_host"],
+            runs[f"{path}_one_server"],
+            runs[f"{path}_all_servers"],
+        )
+        figures[f"{path}_ratio_to_facts"] = round(every["seconds"] / figures["facts_all_s"], 2)
+        figures[f"{path}_fork_scaling"] = round(servers["seconds"] / one_server["seconds"], 2)
+        # In the controller's CPU seconds: a measure the shared cores do not distort.
+        figures[f"{path}_fork_scaling_controller_cpu"] = round(
+            servers["controller_cpu_s"] / one_server["controller_cpu_s"], 2
+        )
+        figures[f"{path}_tasks_per_host"] = {h: t["tasks"] for h, t in every["hosts"].items()}
+        figures[f"{path}_slowest_tasks"] = every["slowest"]
     # The same ratio for Ansible's own one-task play: what this machine allows at best.
     figures["facts_fork_scaling"] = round(
         figures["facts_all_servers_s"] / figures["facts_one_s"], 2
     )
-    figures["tasks_per_host"] = {h: t["tasks"] for h, t in everything["hosts"].items()}
-    figures["slowest_tasks"] = everything["slowest"]
     return figures
 
 
@@ -288,32 +309,41 @@ def _print(report: dict[str, Any]) -> None:
             continue
         print(f"{strategy}:")
         print(f"  facts only (setup), every host           {figures['facts_all_s']:8.2f} s")
-        print(
-            f"  no-op site.yml, every host               {figures['no_op_all_s']:8.2f} s"
-            f"   {figures['ratio_to_facts']}x facts only"
-        )
         print(f"  facts only, one server                   {figures['facts_one_s']:8.2f} s")
         print(
             f"  facts only, {servers} servers                  "
             f"{figures['facts_all_servers_s']:8.2f} s   {figures['facts_fork_scaling']}x one server"
         )
-        print(f"  no-op site.yml, one server               {figures['no_op_one_server_s']:8.2f} s")
-        print(
-            f"  no-op site.yml, {servers} servers               "
-            f"{figures['no_op_all_servers_s']:8.2f} s   {figures['fork_scaling']}x one server"
-        )
-        for name, cpu in figures["cpu"].items():
+        for path, title in (("full", "full converge (--full)"), ("fast", "fast path")):
+            print(f"  no-op site.yml, {title}:")
             print(
-                f"  CPU, no-op {name.replace('_', ' '):<12}"
-                f" controller {cpu['controller_cpu_s']:6.2f} s,"
-                f" whole machine {cpu['machine_cpu_s']:6.2f} s"
-                f" ({cpu['machine_busy_share']:.0%} of {CORES} cores' wall time)"
+                f"    every host                             "
+                f"{figures[f'no_op_{path}_every_host_s']:8.2f} s"
+                f"   {figures[f'{path}_ratio_to_facts']}x facts only"
             )
-        tasks = ", ".join(f"{h} {n}" for h, n in figures["tasks_per_host"].items())
-        print(f"  tasks per host: {tasks}")
-        print("  ten slowest no-op tasks (profile_tasks, last round):")
-        for name, seconds in figures["slowest_tasks"]:
-            print(f"    {seconds:6.2f} s  {name}")
+            print(
+                f"    one server                             "
+                f"{figures[f'no_op_{path}_one_server_s']:8.2f} s"
+            )
+            print(
+                f"    {servers} servers                              "
+                f"{figures[f'no_op_{path}_all_servers_s']:8.2f} s"
+                f"   {figures[f'{path}_fork_scaling']}x one server in wall time,"
+                f" {figures[f'{path}_fork_scaling_controller_cpu']}x in controller CPU"
+            )
+            for where in ("every_host", "one_server", "all_servers"):
+                cpu = figures["cpu"][f"{path}_{where}"]
+                print(
+                    f"    CPU, {where.replace('_', ' '):<12}"
+                    f" controller {cpu['controller_cpu_s']:6.2f} s,"
+                    f" whole machine {cpu['machine_cpu_s']:6.2f} s"
+                    f" ({cpu['machine_busy_share']:.0%} of {CORES} cores' wall time)"
+                )
+            tasks = ", ".join(f"{h} {n}" for h, n in figures[f"{path}_tasks_per_host"].items())
+            print(f"    tasks per host: {tasks}")
+            print("    ten slowest tasks (profile_tasks, last round):")
+            for name, seconds in figures[f"{path}_slowest_tasks"]:
+                print(f"      {seconds:6.2f} s  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

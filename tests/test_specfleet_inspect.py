@@ -247,6 +247,10 @@ def test_which_venvs_a_process_tree_runs_from(tmp_path: Path) -> None:
         assert len(pids) == 2 and pids[0] == parent.pid
         files = set().union(*(inspect_module._files_of(pid) for pid in pids))
         assert str(other) in files
+        # Gone from disk (a venv built anew under the process): the kernel says so.
+        other.unlink()
+        files = set().union(*(inspect_module._files_of(pid) for pid in pids))
+        assert f"{other} (deleted)" in files
         started = inspect_module._boot_time() + int(
             inspect_module._stat_fields(parent.pid)[19]
         ) / os.sysconf("SC_CLK_TCK")

@@ -109,6 +109,26 @@ def test_no_record_of_a_passed_gate_restarts(ansible):
             {"paths": {"/etc/specfleet/eagle3-whitelist.json": {"mtime": 2500.0}}},
             "it started before its files last changed",
         ),
+        # The model built anew at the same path (its files had changed in place).
+        (
+            {"paths": {"/var/lib/specfleet/models/target/config.json": {"mtime": 2500.0}}},
+            "it started before its files last changed",
+        ),
+        # Its venv was built anew under it (site.yml's fast path found its files changed in
+        # place; the store's archive keeps the files' times): what it runs is gone from disk.
+        (
+            {
+                "processes": {
+                    UNIT: {
+                        "main_pid": 42,
+                        "started": 2000.0,
+                        "from": {VENVS: ["aaaa"]},
+                        "deleted": {VENVS: 12},
+                    }
+                }
+            },
+            "12 files its processes run are gone from disk (its venv was built anew)",
+        ),
         ({"urls": {HEALTH: 503}}, "it does not answer /health (503)"),
         ({"urls": {HEALTH: None}}, "it does not answer /health (no answer)"),
     ],

@@ -156,8 +156,10 @@ processes:
   description: >-
     For each of I(processes), C(main_pid) (0 when none runs), C(pids) (the main process and
     its descendants), C(started) (when the main process started, seconds since the epoch,
-    or null) and C(from) (for each of I(process_roots), the sorted names of its children that
-    any of the processes' executable or mapped files are in).
+    or null), C(from) (for each of I(process_roots), the sorted names of its children that
+    any of the processes' executable or mapped files are in) and C(deleted) (for each of
+    I(process_roots), how many of those files are gone from disk: a venv built anew under
+    the running server).
   type: dict
   returned: always
 urls:
@@ -332,7 +334,12 @@ def _descendants(main_pid: int) -> list[int]:
     return sorted(found)
 
 
+DELETED = " (deleted)"
+
+
 def _files_of(pid: int) -> set[str]:
+    """The executable and mapped files of a process; a file gone from disk keeps the
+    kernel's " (deleted)" mark."""
     files = set()
     # The executable may not be readable as a link (a container's /proc): the maps say it too.
     with contextlib.suppress(OSError):
@@ -342,7 +349,7 @@ def _files_of(pid: int) -> set[str]:
             for line in handle:
                 parts = line.split(None, 5)
                 if len(parts) == 6 and parts[5].startswith("/"):
-                    files.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+                    files.add(parts[5].rstrip("\n"))
     except OSError:
         pass
     return files
@@ -354,12 +361,14 @@ def _processes(module: AnsibleModule, units: list[str], roots: list[str]) -> dic
     for unit in units:
         main_pid = int(states[unit].get("MainPID") or 0)
         entry: dict = {"main_pid": main_pid, "pids": [], "started": None, "from": {}}
+        entry["deleted"] = dict.fromkeys(roots, 0)
         fields = _stat_fields(main_pid) if main_pid else None
         if fields:
             ticks = os.sysconf("SC_CLK_TCK")
             entry["started"] = _boot_time() + int(fields[19]) / ticks
             entry["pids"] = _descendants(main_pid)
-            files = set().union(*(_files_of(pid) for pid in entry["pids"]))
+            mapped = set().union(*(_files_of(pid) for pid in entry["pids"]))
+            files = {path.removesuffix(DELETED) for path in mapped}
             for root in roots:
                 prefix = root.rstrip("/") + "/"
                 entry["from"][root] = sorted(
@@ -368,6 +377,9 @@ def _processes(module: AnsibleModule, units: list[str], roots: list[str]) -> dic
                         for path in files
                         if path.startswith(prefix)
                     }
+                )
+                entry["deleted"][root] = sum(
+                    1 for path in mapped if path.startswith(prefix) and path.endswith(DELETED)
                 )
         else:
             entry["from"] = {root: [] for root in roots}

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
@@ -58,8 +58,31 @@ class _Parser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------- jobs
 def _provision(session: Session, args: argparse.Namespace, view: View) -> Details:
-    session.run("site.yml")
-    return {}
+    # --full: every host through the whole converge, past the fast path (site.yml's first play).
+    result = session.run(
+        "site.yml", command_vars={"specfleet_converge_full": True} if args.full else None
+    )
+    fast_path = dict(result.data.get("fast_path") or {})
+    for line in fast_path_lines(fast_path, full=args.full):
+        view.note(line)
+    return {"fast_path": fast_path}
+
+
+def fast_path_lines(report: Mapping[str, Any], *, full: bool = False) -> list[str]:
+    """What site.yml's fast path found: how many hosts ended at once, and why each other
+    host took the full converge (its first reason; the JSON has them all)."""
+    if not report:
+        return []
+    ended = sorted(host for host, row in report.items() if row.get("ends_here"))
+    lines = [f"fast path: {len(ended)} of {len(report)} hosts had nothing to converge"]
+    if full:
+        return ["fast path: off (--full), every host took the full converge"]
+    for host, row in sorted(report.items()):
+        why = list(row.get("why") or [])
+        if not row.get("ends_here") and why:
+            more = f" (and {len(why) - 1} more)" if len(why) > 1 else ""
+            lines.append(f"{host}: full converge: {why[0]}{more}")
+    return lines
 
 
 def _upgrade(session: Session, args: argparse.Namespace, view: View) -> Details:
@@ -376,8 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
     parents = [_ansible_options(), _output_options()]
     epilog = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
 
-    commands.add_parser(
+    provision = commands.add_parser(
         "provision", parents=parents, help="converge hosts to serving (site.yml)", **epilog
+    )
+    provision.add_argument(
+        "--full",
+        action="store_true",
+        help=(
+            "take every host through the full converge, even one whose last full converge "
+            "still holds (extra var specfleet_converge_full)"
+        ),
     )
     upgrade = commands.add_parser(
         "upgrade", parents=parents, help="roll the fleet to a stack lock (upgrade.yml)", **epilog
