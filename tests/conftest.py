@@ -8,9 +8,11 @@ change the result), each test in its own temporary Ansible folders.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -208,13 +210,31 @@ def systemd_verify(folder: Path, name: str, unit: str, needs: Sequence[str] = ()
 
 @pytest.fixture(scope="session")
 def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """A lab of the tests' own (one server, cli-lab-01, behind its balancer, cli-lab-lb, on a
-    network of their own), brought up once with `specfleet lab up --json` as `bin/lab` runs
-    it, shared by the modules that need a running lab, and removed at the end (`lab down`
-    must leave no container)."""
-    from labs import containers, lab_inventory_with, specfleet_json
+    """The tests' lab (cli-lab-01 behind its balancer, cli-lab-lb, with the lab's
+    Prometheus, cli-lab-mon, on a network of their own; a second server, cli-lab-02, when
+    the fleet's upgrades are asked for: SPECFLEET_FLEET=1), brought up once with `specfleet
+    lab up --json` as `bin/lab` runs it, shared by every module that needs a running lab
+    (the fleet's upgrades last), and removed at the end (`lab down` must leave no
+    container)."""
+    from labs import FLEET_ASKED, containers, lab_inventory_with, specfleet_json
 
-    inventory = lab_inventory_with(tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242")
+    servers = 2 if FLEET_ASKED else 1
+    inventory = lab_inventory_with(
+        tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242", servers=servers
+    )
+    data = yaml.safe_load(inventory.read_text())
+    data["all"]["children"]["lab"]["vars"] |= {
+        # Two servers, the load and the controller share two cores, and vLLM's CPU worker
+        # spins while it serves (its message queue busy-polls for a second after each
+        # request): a server starting beside one that serves can take minutes.
+        "vllm_server_health_timeout": 1500,
+    }
+    if servers == 1:
+        # No other server to leave serving: a floor of one other would refuse every restart
+        # behind the balancer, and the fast path's repairs restart the server
+        # (tests/test_converge_fast_path.py). The fleet's two servers keep the floor.
+        data["all"]["children"]["lab"]["vars"]["loadbalancer_min_other_backends"] = 0
+    inventory.write_text(yaml.safe_dump(data))
     try:
         rc, up = specfleet_json("lab", "up", "-i", str(inventory))
         assert rc == 0, up
@@ -236,3 +256,35 @@ def lab_under_test(request: pytest.FixtureRequest) -> Any:
         return LabUnderTest(Path(named).resolve())
     inventory, _ = request.getfixturevalue("cli_lab")
     return LabUnderTest(inventory)
+
+
+# --------------------------------------------------------------- the lab's order
+# Every module that uses the shared lab (conftest.cli_lab) runs before the Molecule
+# scenarios, and the modules that switch the lab's stack run last among them, so every other
+# lab test meets the lab as `lab up` left it.
+LAB_FIXTURE_USE = re.compile(r"\b(?:cli_lab|lab_under_test)\s*[:,)]")
+
+
+@functools.cache
+def stream_of(module: Path) -> str | None:
+    """ "lab", "molecule", or None (anything else) for a test module."""
+    if module.name == "test_molecule_scenarios.py":
+        return "molecule"
+    source = module.read_text() if module.is_file() else ""
+    return "lab" if LAB_FIXTURE_USE.search(source) else None
+
+
+_ORDER = {"lab": 0, "molecule": 1, None: 2}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The lab's modules first (the longest stream), then the scenarios, then the rest; in
+    the lab, the modules that switch its stack (`changes_lab_stack`) last, so every other
+    lab test meets the lab as `lab up` left it (those modules in the order their marks give)."""
+    items.sort(key=lambda item: (_ORDER[stream_of(item.path)], _stack_rank(item)))
+
+
+def _stack_rank(item: pytest.Item) -> int:
+    """0 for a test that leaves the lab's stack alone, else its `changes_lab_stack(N)`."""
+    mark = item.get_closest_marker("changes_lab_stack")
+    return 0 if mark is None else int(mark.args[0])

@@ -12,6 +12,15 @@ from typing import Any
 
 from specfleet.controller.paths import repo_root
 
+# The lab's second stack (the lab serves locks/cpu.txt): the fleet's upgrade tests switch to
+# it and back, and the shared lab (conftest.cli_lab) mounts its wheelhouse.
+LAB_PREVIOUS_STACK = "cpu-vllm-0.31"
+
+# The fleet's upgrade and fault tests run on request (SPECFLEET_FLEET=1): with them CI is
+# beyond its budget on two cores (README, "Running tests").
+FLEET_ASKED = os.environ.get("SPECFLEET_FLEET") == "1"
+FLEET_ON_REQUEST = "on request (SPECFLEET_FLEET=1): beyond CI's budget on two cores"
+
 
 def lab_inventory_with(
     tmp_path: Path, prefix: str, subnet: str, servers: int = 1, monitoring: bool = True

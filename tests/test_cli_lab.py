@@ -1,10 +1,11 @@
-"""The README's first command and the CLI end to end against lab containers (Docker): one
-lab of the module's own (one server, cli-lab-01, behind its balancer, cli-lab-lb, both reached
-over SSH on a network of their own), brought up once with `specfleet lab up --json` as
-`bin/lab` runs it, brought up again (nothing changes), read, probed with an unreachable host
-and a bad inventory, and removed (`lab down` leaves no container).
+"""The README's first command and the CLI end to end against lab containers (Docker): the
+tests' own lab (conftest.cli_lab: cli-lab-01, and cli-lab-02 with SPECFLEET_FLEET=1, behind
+their balancer, cli-lab-lb, all reached over SSH on a network of their own), brought up once with
+`specfleet lab up --json` as `bin/lab` runs it, brought up again (nothing changes), read,
+probed with an unreachable host and a bad inventory, and removed (`lab down` leaves no
+container).
 
-Run: `.venv/bin/pytest tests/test_cli_lab.py` (about 4 min on 2 cores with the image and the
+Run: `.venv/bin/pytest tests/test_cli_lab.py` (about 5 min on 2 cores with the image and the
 wheelhouse cached; `bin/lab up` builds them).
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labs import containers, specfleet_json
+from labs import LabUnderTest, containers, specfleet_json
 
 from specfleet.controller.paths import repo_root
 
@@ -48,7 +49,8 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     assert row["health"] == "ok"
     assert row["stack"]["lock"] == "cpu" and row["stack"]["vllm"]
     assert row["drafter"] != "absent"
-    (server,) = up["lab"]["servers"]
+    server = next(server for server in up["lab"]["servers"] if server["host"] == HOST)
+    assert {server["host"] for server in up["lab"]["servers"]} == set(servers_of(inventory))
     assert server == {
         "host": HOST,
         "endpoint": row["endpoint"],
@@ -79,6 +81,11 @@ def test_lab_up_says_what_the_lab_serves(lab: tuple[Path, dict[str, Any]]) -> No
     ]
 
 
+def servers_of(inventory: Path) -> list[str]:
+    """The lab's servers (one, or two when the fleet's upgrades are asked for)."""
+    return LabUnderTest(inventory).servers
+
+
 def completion_of_curl_line(line: str) -> dict[str, Any]:
     """What the tour's `curl` line answers, sent as curl would send it (curl itself may not
     be on this machine)."""
@@ -101,9 +108,9 @@ def test_lab_up_again_changes_nothing(lab: tuple[Path, dict[str, Any]]) -> None:
     assert rc == 0, again
     assert {host: n["changed"] for host, n in again["hosts"].items()} == {
         "localhost": 0,
-        HOST: 0,
         "cli-lab-lb": 0,
         "cli-lab-mon": 0,
+        **dict.fromkeys(servers_of(inventory), 0),
     }
     assert again["status"]["servers"][HOST]["health"] == "ok"
 
@@ -187,8 +194,18 @@ def test_provision_piped_prints_plain_lines_and_changes_nothing(
     lab: tuple[Path, dict[str, Any]],
 ) -> None:
     inventory, _ = lab
+    # --full: the whole converge's lines (a re-run without it ends each host in one call:
+    # tests/test_converge_fast_path.py).
     run = subprocess.run(
-        [sys.executable, "-m", "specfleet.controller.cli", "provision", "-i", str(inventory)],
+        [
+            sys.executable,
+            "-m",
+            "specfleet.controller.cli",
+            "provision",
+            "-i",
+            str(inventory),
+            "--full",
+        ],
         env={**os.environ, "SPECFLEET_ROOT": str(repo_root())},
         capture_output=True,
         text=True,
@@ -198,7 +215,8 @@ def test_provision_piped_prints_plain_lines_and_changes_nothing(
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.rstrip("\n").splitlines()
     assert "\x1b" not in run.stdout
-    assert lines[0] == "== site.yml: Facts, once for the whole run"
+    assert lines[0] == "== site.yml: Fast path, hosts already converged end here (one call each)"
+    assert "fast path: off (--full), every host took the full converge" in lines
     assert f"{HOST}: vllm_server" in lines
     assert not [line for line in lines if ": changed: " in line], "a re-run changes nothing"
     assert len(lines) < 60, "a converge reads in one screen"

@@ -102,7 +102,8 @@ def test_gpt2_is_refused_on_every_release_with_the_release_and_the_reason(
 
 
 def test_the_labs_previous_stack_0_31(models) -> None:
-    """0.31.0, the stack the fleet scenario upgrades from (no whitelist from 0.22 on)."""
+    """0.31.0, the lab's previous stack, which the fleet's upgrade tests switch to and back
+    (no whitelist from 0.22 on)."""
     source = VllmSource(fetch_release("0.31.0") / "vllm", "cuda")
     verdicts = [preflight(source, *models[name], 3) for name in ("tiny", "smollm2", "gpt2")]
     assert [summary(v) for v in verdicts] == ["ok", "ok", "refused: target architecture"]

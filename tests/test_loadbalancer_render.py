@@ -1,9 +1,9 @@
 """Role loadbalancer: HAProxy's configuration rendered by Ansible for a fleet of three.
 
-HAProxy itself checks it in the lab and the fleet scenario (the template's `haproxy -c`
-validation) and serves through it under load, and tests/test_front_door.py attacks its front
-door; here the settings a rolling restart relies on are read off the rendered file (health
-checks, retries on another server, slowstart, the root-only admin socket, TLS when a
+HAProxy itself checks it in the lab, where the fleet's upgrades run (the template's `haproxy
+-c` validation) and serves through it under load, and tests/test_front_door.py attacks its
+front door; here the settings a rolling restart relies on are read off the rendered file
+(health checks, retries on another server, slowstart, the root-only admin socket, TLS when a
 certificate is named, one server line per host at its own address), the front door's rules
 and maps, and the checks that refuse bad keys and routes before anything changes.
 """

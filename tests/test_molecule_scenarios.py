@@ -20,27 +20,9 @@ from specfleet.controller.stacklock import StackLock, StackSpec
 from specfleet.controller.wheelhouse import ensure_wheelhouse
 
 ROOT = repo_root()
-# Scenarios that run only when asked (SPECFLEET_SCENARIOS_ALSO=fleet), each with the reason.
-# fleet: three vLLM servers, constant load and seven venv builds on two cores took 1,609 s
-# alone, and the rollout's faults that come with it 1,229 s (the README's "Where the time
-# goes"); CI without them took 2,325 s at its last landing (3,986 s at the one after, with
-# the lab's servers unbound: see benchmarks/thread_binding.py). Two pytest streams side by
-# side did not bring all of it within 60 minutes (the README's "What has been tried"); the
-# fleet is two servers now, each on a core of its own, and has to cost less still.
-# Its load once failed every request: vLLM 0.31's CPU sampler needed a C++ compiler the
-# hosts lacked, and upgrade.yml pointed HAProxy at loopback; both are fixed, and the gate
-# and the balancer's checks now catch each.
-OPT_IN = {"fleet": "about 27 minutes on two cores, beyond CI's budget (see the comment above)"}
-_ASKED = set(os.environ.get("SPECFLEET_SCENARIOS_ALSO", "").split(","))
-SCENARIOS = [
-    pytest.param(
-        name,
-        marks=[pytest.mark.skip(reason=f"opt-in (SPECFLEET_SCENARIOS_ALSO={name}): {OPT_IN[name]}")]
-        if name in OPT_IN and name not in _ASKED
-        else [],
-    )
-    for name in sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
-]
+# Every scenario in every run. The fleet's upgrades are not a scenario: they run on the tests'
+# shared lab, on request (tests/test_fleet_upgrade.py, tests/test_fleet_faults.py).
+SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
 
 
 @pytest.fixture(scope="session")
