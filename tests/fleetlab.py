@@ -202,8 +202,11 @@ def verified(lab: LabUnderTest, lock: str) -> list[str]:
 
 
 def repaired(lab: LabUnderTest, lock: str, tmp_path: Path) -> dict[str, Any]:
-    """The same command again ends well, and the fleet is verified; its JSON document."""
+    """The same command again ends well, and the fleet is verified; its JSON document.
+    Under the callers' load this is the fleet's rolling upgrade to ``lock``."""
+    started = time.monotonic()
     rc, again = Upgrade(lab, lock, tmp_path / "again.json").finish()
     assert rc == 0, again.get("failed_tasks") or again
+    print(f"\nthe repair, a rolling upgrade to {lock}: {time.monotonic() - started:.0f} s")
     assert not verified(lab, lock), verified(lab, lock)
     return again
