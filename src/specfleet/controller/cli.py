@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -34,6 +35,7 @@ from rich.console import Console
 from specfleet.controller.clientkeys import new_key
 from specfleet.controller.image import ensure_image
 from specfleet.controller.lab import lab_down, lab_up
+from specfleet.controller.modelpin import pin_folder, pin_hub, write
 from specfleet.controller.paths import repo_root
 from specfleet.controller.playbook import Session, playbook_path
 from specfleet.controller.progress_view import View, make_view
@@ -43,6 +45,7 @@ from specfleet.controller.stacklock import StackLock, StackSpec, resolve
 from specfleet.controller.status import fleet_status, fleet_unhealthy
 from specfleet.controller.summary import EXIT_CODES_HELP, ExitCode, Outcome, document, exit_code
 from specfleet.controller.wheelhouse import ensure_wheelhouse
+from specfleet.host.model_manifest import ManifestError
 
 Details = dict[str, Any]
 
@@ -326,6 +329,32 @@ def _cmd_wheelhouse(args: argparse.Namespace) -> Details:
     return {"wheelhouse": str(house.path), "wheels": house.wheels, "reused": house.reused}
 
 
+def _cmd_model_pin(args: argparse.Namespace) -> Details:
+    """A model's manifest from its files (a folder) or from the Hub (hf://OWNER/NAME)."""
+    try:
+        if args.files.startswith("hf://"):
+            manifest = pin_hub(args.files.removeprefix("hf://"), args.revision, args.name)
+            if args.source:  # pinned from the Hub's record, fetched from a mirror of it
+                manifest = replace(manifest, source=args.source)
+        else:
+            folder = Path(args.files).expanduser().resolve()
+            manifest = pin_folder(folder, args.name, args.source or str(folder), args.revision)
+    except ManifestError as error:
+        raise BadInput(str(error)) from error
+    path = write(manifest, Path(args.output))
+    print(
+        f"{path}: {manifest.name}, {len(manifest.files)} files, {manifest.size} bytes,"
+        f" digest {manifest.digest} (on the hosts: {manifest.folder_name})"
+    )
+    return {
+        "manifest": str(path),
+        "digest": manifest.digest,
+        "folder": manifest.folder_name,
+        "files": len(manifest.files),
+        "bytes": manifest.size,
+    }
+
+
 def _cmd_key(args: argparse.Namespace) -> Details:
     made = new_key(args.name)
     print(f"key (give it to the client; it is not kept anywhere): {made.key}")
@@ -467,6 +496,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wheelhouse.add_argument("stack", help="stack name, e.g. cpu")
     wheelhouse.set_defaults(func=_cmd_wheelhouse)
+
+    model = commands.add_parser("model", help="served models: pin one in a manifest")
+    model_actions = model.add_subparsers(dest="action", required=True, metavar="ACTION")
+    pin = model_actions.add_parser(
+        "pin", parents=local, help="write a model's manifest: every file's size and sha256"
+    )
+    pin.add_argument("files", help="the model's folder, or hf://OWNER/NAME for the Hub")
+    pin.add_argument("--name", required=True, help="the model's name on the hosts")
+    pin.add_argument(
+        "--source",
+        help="where the hosts fetch it (a folder or an http(s) mirror; default: FILES)",
+    )
+    pin.add_argument("--revision", default="", help="the revision pinned (the Hub: resolved)")
+    pin.add_argument("-o", "--output", required=True, help="the manifest to write")
+    pin.set_defaults(func=_cmd_model_pin)
     return parser
 
 
