@@ -20,10 +20,11 @@ from specfleet.controller import hostpackage
 
 SRC = ROOT / "src"
 #: What host-side modules may import besides the standard library and each other: the
-#: stack venv's packages.
+#: stack venv's packages (every lock under locks/ pins huggingface_hub, which vLLM and
+#: transformers need; the model fetch uses it for hf:// sources).
 STACK_PACKAGES = {
     "torch", "vllm", "transformers", "tokenizers", "safetensors", "speculators", "datasets",
-    "matplotlib", "numpy", "prometheus_client", "fastapi", "starlette",
+    "matplotlib", "numpy", "prometheus_client", "fastapi", "starlette", "huggingface_hub",
 }  # fmt: skip
 
 
