@@ -381,3 +381,25 @@ def test_a_part_that_already_holds_every_byte_is_checked_not_fetched(
     assert result["resumed_bytes"] == WEIGHTS
     assert result["fetched_bytes"] == manifest.size - WEIGHTS
     assert model_fetch.complete(Path(result["folder"]), manifest)
+
+
+def test_a_file_rewritten_in_place_at_its_size_is_found_by_the_recheck_and_fetched_alone(
+    tmp_path: Path,
+) -> None:
+    """What a size and a record cannot show: the weights' bytes changed, their size kept. A
+    plain run sees a complete folder; --recheck hashes it, fetches only that file again and
+    renames it over the changed one, in the folder that serves."""
+    root = make_model(tmp_path / "tiny")
+    manifest = pin_folder(root, "tiny", str(root))
+    models = models_dir(tmp_path)
+    folder = Path(fetch(manifest, models, FolderSource(root), margin=0)["folder"])
+    weights = folder / "weights" / "model.safetensors"
+    weights.write_bytes(b"\0" * WEIGHTS)
+    assert not fetch(manifest, models, FolderSource(root), protect=[folder], margin=0)["changed"]
+    repaired = fetch(manifest, models, FolderSource(root), protect=[folder], margin=0, recheck=True)
+    assert repaired["changed_in_place"] == ["weights/model.safetensors"]
+    assert repaired["fetched_bytes"] == WEIGHTS and repaired["folder"] == str(folder)
+    assert model_fetch.changed_files(folder, manifest) == []
+    assert sorted(os.listdir(models)) == [folder.name]  # nothing left in incoming
+    again = fetch(manifest, models, FolderSource(root), margin=0, recheck=True)
+    assert not again["changed"] and again["fetched_bytes"] == 0

@@ -35,7 +35,7 @@ TASK_KEYS = {
     "name", "when", "block", "rescue", "always", "register", "notify", "loop", "listen",
     "changed_when", "failed_when", "tags", "vars", "loop_control", "environment", "no_log",
     "become", "become_user", "delegate_to", "run_once", "until", "retries", "delay",
-    "async", "poll", "check_mode", "ignore_errors", "args",
+    "async", "poll", "check_mode", "ignore_errors", "args", "throttle",
 }  # fmt: skip
 # The project's own modules: plugins/modules/*.py, by their names in the collection.
 MODULES_OF_OURS = {

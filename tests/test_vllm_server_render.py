@@ -369,3 +369,23 @@ def test_validation_requires_the_service_account(ansible):
     out = result.stdout + result.stderr
     assert result.returncode != 0
     assert "specfleet-no-such-account does not exist: apply the common role first" in out
+
+
+def test_a_linked_model_is_served_from_its_folder_under_the_links_name(ansible):
+    """pinned_model and packaged_model reach the model by a link: the unit names the folder
+    the link names (a moved link changes the unit, so the server restarts through its gate
+    onto the new model, or back onto the old one), and clients keep the link's name."""
+    host = {
+        "read": HOST_READ["read"],
+        "paths": HOST_READ["paths"]
+        | {"/var/lib/specfleet/models/target": {"islink": True, "target": "tiny-0123456789abcdef"}},
+    }
+    cmd = exec_start(render(ansible, __vllm_server_host=host)[0])
+    assert "--model /var/lib/specfleet/models/tiny-0123456789abcdef " in cmd
+    assert "--served-model-name /var/lib/specfleet/models/target " in cmd
+    # An explicit name wins; the folder still serves.
+    cmd = exec_start(
+        render(ansible, __vllm_server_host=host, vllm_server_served_model_name="kimi")[0]
+    )
+    assert "--model /var/lib/specfleet/models/tiny-0123456789abcdef " in cmd
+    assert "--served-model-name kimi " in cmd

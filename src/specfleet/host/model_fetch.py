@@ -20,6 +20,10 @@ by one rename, older models pruned.
   before the first byte is asked for; otherwise nothing is fetched.
 - **Bad bytes.** A file whose size or sha256 is not the manifest's is deleted and the run
   fails, naming it: nothing switches, and what serves is untouched.
+- **Changed in place.** ``--recheck`` hashes a complete folder's files again (its record
+  and sizes cannot show a file rewritten in place). Only the changed files are fetched
+  again, each checked in the incoming folder and renamed over the changed one, so the
+  folder stays where a server may serve it.
 - **Pruning.** After the switch, complete models beyond the ``--keep`` newest (this one
   among them) are removed, except ``--protect``'s (the one a server serves), and so are
   the incoming folders of other manifests (superseded partial fetches).
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from specfleet.host.hashing import CHUNK
+from specfleet.host.hashing import CHUNK, sha256_file
 from specfleet.host.model_manifest import Manifest, ManifestError, ModelFile, load
 
 #: In a complete model's folder: the manifest it was checked against (canonical text).
@@ -192,6 +196,17 @@ def complete(folder: Path, manifest: Manifest) -> bool:
     return all(_size(folder / entry.path) == entry.size for entry in manifest.files)
 
 
+def changed_files(folder: Path, manifest: Manifest) -> list[str]:
+    """The manifest's files whose bytes in ``folder`` are not what it pins (hashed: what a
+    size and a record cannot show, a file changed in place)."""
+    changed = []
+    for entry in manifest.files:
+        path = folder / entry.path
+        if _size(path) != entry.size or sha256_file(path) != entry.sha256:
+            changed.append(entry.path)
+    return changed
+
+
 def _size(path: Path) -> int | None:
     try:
         return path.lstat().st_size if path.is_file() and not path.is_symlink() else None
@@ -338,10 +353,14 @@ def fetch(
     keep: int = 2,
     protect: list[Path] | None = None,
     margin: int = DEFAULT_MARGIN,
+    recheck: bool = False,
 ) -> dict[str, Any]:
     protect = protect or []
     started = time.monotonic()
     target = models_dir / manifest.folder_name
+    incoming = models_dir / (INCOMING + manifest.folder_name)
+    if recheck and complete(target, manifest) and (changed := changed_files(target, manifest)):
+        return repair_in_place(manifest, models_dir, source, changed, margin, started)
     if complete(target, manifest):
         return {
             "folder": str(target),
@@ -359,7 +378,6 @@ def fetch(
             )
         # Only a rename ever makes this folder; not complete now, it was changed in place.
         shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-    incoming = models_dir / (INCOMING + manifest.folder_name)
     check_free_disk(models_dir, still_to_fetch(incoming, manifest), margin)
     incoming.mkdir(mode=0o755, exist_ok=True)
     tally = Tally()
@@ -388,6 +406,50 @@ def fetch(
     }
 
 
+def repair_in_place(
+    manifest: Manifest,
+    models_dir: Path,
+    source: Source | HubSource,
+    changed: list[str],
+    margin: int,
+    started: float,
+) -> dict[str, Any]:
+    """Fetch a complete folder's changed files again, each into the incoming folder and, once
+    checked, renamed over the changed one: the folder stays where it is (a server may serve
+    it), and each file is either the changed one or the pinned one, never a mix."""
+    target = models_dir / manifest.folder_name
+    incoming = models_dir / (INCOMING + manifest.folder_name)
+    entries = [entry for entry in manifest.files if entry.path in changed]
+    check_free_disk(
+        models_dir,
+        still_to_fetch(
+            incoming, Manifest(manifest.name, manifest.source, manifest.revision, tuple(entries))
+        ),
+        margin,
+    )
+    incoming.mkdir(mode=0o755, exist_ok=True)
+    tally = Tally()
+    for entry in entries:
+        if isinstance(source, HubSource):
+            fetch_file_from_hub(source, entry, manifest.revision, incoming, tally)
+        else:
+            fetch_file(source, entry, incoming, tally)
+        os.replace(incoming / entry.path, target / entry.path)
+    shutil.rmtree(incoming)
+    _fsync_dir(target)
+    return {
+        "folder": str(target),
+        "digest": manifest.digest,
+        "changed": True,
+        "changed_in_place": changed,
+        "fetched_bytes": tally.fetched,
+        "resumed_bytes": tally.resumed,
+        "files_fetched": len(tally.files),
+        "seconds": round(time.monotonic() - started, 3),
+        "pruned": [],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specfleet.host.model_fetch")
     parser.add_argument("--manifest", required=True, type=Path)
@@ -396,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=int, default=2, help="complete models to keep (2)")
     parser.add_argument("--protect", type=Path, action="append", default=[])
     parser.add_argument("--margin-bytes", type=int, default=DEFAULT_MARGIN)
+    parser.add_argument(
+        "--recheck", action="store_true", help="hash a complete folder's files again first"
+    )
     args = parser.parse_args(argv)
     try:
         if args.keep < 1:
@@ -409,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             keep=args.keep,
             protect=args.protect,
             margin=args.margin_bytes,
+            recheck=args.recheck,
         )
     except (FetchError, ManifestError, OSError) as error:
         print(json.dumps({"error": str(error)}))
