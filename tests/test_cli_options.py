@@ -220,3 +220,18 @@ def test_a_local_command_that_succeeds_answers_with_what_it_made(
     doc = json.loads(capsys.readouterr().out)
     assert (doc["rc"], doc["result"], doc["name"]) == (0, "ok", "team-search")
     assert doc["entry"] == {"name": "team-search", "sha256": doc["sha256"]}
+
+
+def test_upgrade_checks_its_model_manifest_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--model's manifest is read by the hosts' own parser first: a missing one, or one that
+    names a path outside the model's folder, is bad input and nothing runs."""
+    assert main(["upgrade", "--model", str(tmp_path / "none.json"), "--json"]) == 2
+    assert "--model: " in json.loads(capsys.readouterr().out)["error"]
+    bad = tmp_path / "bad.json"
+    entry = {"path": "../etc/x", "size": 1, "sha256": "0" * 64}
+    document = {"format": 1, "name": "tiny", "source": "/m", "revision": "", "files": [entry]}
+    bad.write_text(json.dumps(document))
+    assert main(["upgrade", "--model", str(bad), "--json"]) == 2
+    assert "no '.', '..'" in json.loads(capsys.readouterr().out)["error"]

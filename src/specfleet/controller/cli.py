@@ -1,7 +1,7 @@
 """specfleet: one command per operator job.
 
   provision   converge hosts from a bare OS to serving (playbooks/site.yml)
-  upgrade     roll the fleet to a stack lock (playbooks/upgrade.yml, --lock NAME)
+  upgrade     roll the fleet to a stack lock or a model (playbooks/upgrade.yml, --lock, --model)
   train       train an EAGLE-3 drafter and publish it (playbooks/train_drafter.yml)
   status      what each serving host runs, read only (playbooks/status.yml)
   frontdoor   give the balancers the inventory's client keys and routes (playbooks/frontdoor.yml)
@@ -46,6 +46,7 @@ from specfleet.controller.status import fleet_status, fleet_unhealthy
 from specfleet.controller.summary import EXIT_CODES_HELP, ExitCode, Outcome, document, exit_code
 from specfleet.controller.wheelhouse import ensure_wheelhouse
 from specfleet.host.model_manifest import ManifestError
+from specfleet.host.model_manifest import load as load_manifest
 
 Details = dict[str, Any]
 
@@ -89,9 +90,14 @@ def fast_path_lines(report: Mapping[str, Any], *, full: bool = False) -> list[st
 
 
 def _upgrade(session: Session, args: argparse.Namespace, view: View) -> Details:
-    # Not ml_stack_lock: an extra var of that name would also win over the rollback's lock.
-    lock = {"specfleet_upgrade_lock": args.lock} if args.lock else None
-    session.run("upgrade.yml", command_vars=lock)
+    # Not ml_stack_lock or pinned_model_manifest: an extra var of that name would also win
+    # over the rollback's.
+    asked: dict[str, str] = {}
+    if args.lock:
+        asked["specfleet_upgrade_lock"] = args.lock
+    if args.model:
+        asked["specfleet_upgrade_model"] = str(Path(args.model).expanduser().resolve())
+    session.run("upgrade.yml", command_vars=asked or None)
     return {}
 
 
@@ -152,6 +158,16 @@ def _check_lock(name: str | None) -> None:
     lock = repo_root() / "locks" / f"{name}.txt"
     if not lock.is_file():
         raise BadInput(f"--lock {name}: no {lock} (`specfleet lock {name}` makes it)")
+
+
+def _check_model(manifest: str | None) -> None:
+    """--model's manifest, read by the hosts' own parser before anything runs."""
+    if manifest is None:
+        return
+    try:
+        load_manifest(Path(manifest).expanduser())
+    except ManifestError as error:
+        raise BadInput(f"--model: {error}") from error
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
@@ -217,6 +233,7 @@ def run_job(args: argparse.Namespace, console: Console | None = None) -> int:
             for playbook in job.playbooks[action]:
                 playbook_path(playbook)
             _check_lock(getattr(args, "lock", None))
+            _check_model(getattr(args, "model", None))
             if options.ask_vault_pass:
                 options = _with_vault_password(options)
             session = Session(command, options, observer=view)
@@ -440,7 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     upgrade = commands.add_parser(
-        "upgrade", parents=parents, help="roll the fleet to a stack lock (upgrade.yml)", **epilog
+        "upgrade",
+        parents=parents,
+        help="roll the fleet to a stack lock or a model (upgrade.yml)",
+        **epilog,
     )
     upgrade.add_argument(
         "--lock",
@@ -448,6 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "stack lock locks/NAME.txt (extra var specfleet_upgrade_lock); set ml_stack_lock "
             "in the inventory afterwards"
+        ),
+    )
+    upgrade.add_argument(
+        "--model",
+        metavar="MANIFEST",
+        help=(
+            "a pinned model's manifest (`specfleet model pin`; extra var "
+            "specfleet_upgrade_model); set pinned_model_manifest in the inventory afterwards"
         ),
     )
     commands.add_parser(
