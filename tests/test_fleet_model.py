@@ -4,8 +4,8 @@ runs, under load through the front door, in this order:
 
 - the lab's model published on a mirror (Debian's nginx on the balancer, the model_mirror
   role) and pinned on the controller (`specfleet model pin`) in three revisions: ``tiny-a``,
-  the lab's own target; ``tiny-b``, the same with one more key in its config.json (another
-  digest: another folder); ``tiny-c``, whose tokenizer vLLM cannot read (its first byte);
+  the lab's own target; ``tiny-b``, the same with a README added (another digest: another
+  folder; the same target for the drafter); ``tiny-c``, whose tokenizer vLLM cannot read (its first byte);
 - `specfleet provision` with the servers in ``pinned_models``: each fetches ``tiny-a`` from
   the mirror and its server restarts onto it, a wave at a time behind the balancer;
 - `specfleet upgrade --model tiny-b`: every server serves ``tiny-b`` (the unit names its
@@ -77,8 +77,8 @@ def revisions(lab: LabUnderTest, tmp_path_factory: pytest.TempPathFactory) -> di
     first = lab.servers[0]
     subprocess.run(["docker", "cp", f"{first}:{LAB_TARGET}", str(folder / "tiny-a")], check=True)
     shutil.copytree(folder / "tiny-a", folder / "tiny-b")
-    config = json.loads((folder / "tiny-b" / "config.json").read_text())
-    (folder / "tiny-b" / "config.json").write_text(json.dumps({**config, "revision": "b"}))
+    # Another file, the same target (config and weights): the drafter still fits it.
+    (folder / "tiny-b" / "README.md").write_text("tiny, revision b\n")
     shutil.copytree(folder / "tiny-b", folder / "tiny-c")
     tokenizer = folder / "tiny-c" / "tokenizer.json"
     tokenizer.write_bytes(b"#" + tokenizer.read_bytes()[1:])
