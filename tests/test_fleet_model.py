@@ -5,7 +5,8 @@ runs, under load through the front door, in this order:
 - the lab's model published on a mirror (Debian's nginx on the balancer, the model_mirror
   role) and pinned on the controller (`specfleet model pin`) in three revisions: ``tiny-a``,
   the lab's own target; ``tiny-b``, the same with a README added (another digest: another
-  folder; the same target for the drafter); ``tiny-c``, whose tokenizer vLLM cannot read (its first byte);
+  folder; the same target for the drafter); ``tiny-c``, whose tokenizer vLLM cannot read
+  (its first byte);
 - `specfleet provision` with the servers in ``pinned_models``: each fetches ``tiny-a`` from
   the mirror and its server restarts onto it, a wave at a time behind the balancer;
 - `specfleet upgrade --model tiny-b`: every server serves ``tiny-b`` (the unit names its
