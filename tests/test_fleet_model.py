@@ -111,17 +111,20 @@ def pinned_lab(lab: LabUnderTest, revisions: dict[str, Any]) -> LabUnderTest:
     mirror, beside the lab's own (its group_vars and its key apply)."""
     data = yaml.safe_load(lab.inventory.read_text())
     data["all"]["children"]["model_mirrors"] = {"children": {"loadbalancers": None}}
-    data["all"]["children"]["pinned_models"] = {
-        "children": {"lab_servers": None},
-        "vars": {
-            # Over the lab group's own model folder.
-            "ansible_group_priority": 10,
-            "specfleet_model": LINK,
-            "pinned_model_manifest": str(revisions["tiny-a"]["manifest"]),
-        },
-    }
+    data["all"]["children"]["pinned_models"] = {"children": {"lab_servers": None}}
     inventory = lab.inventory.with_name("hosts-pinned.yml")
     inventory.write_text(yaml.safe_dump(data))
+    # A group_vars file, as the lab's own model is set (an inventory file's group vars rank
+    # below every group_vars file); over the lab group's, by priority. The lab's inventory
+    # has no such group: this file is the pinned inventory's alone.
+    group_vars = {
+        "ansible_group_priority": 10,
+        "specfleet_model": LINK,
+        "pinned_model_manifest": str(revisions["tiny-a"]["manifest"]),
+    }
+    (lab.inventory.parent / "group_vars" / "pinned_models.yml").write_text(
+        yaml.safe_dump(group_vars)
+    )
     return LabUnderTest(inventory)
 
 
