@@ -216,7 +216,13 @@ def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
     lab up --json` as `bin/lab` runs it, shared by every module that needs a running lab
     (the fleet's upgrades last), and removed at the end (`lab down` must leave no
     container)."""
-    from labs import FLEET_ASKED, containers, lab_inventory_with, specfleet_json
+    from labs import (
+        FLEET_ASKED,
+        containers,
+        lab_inventory_with,
+        remove_stale_containers,
+        specfleet_json,
+    )
 
     servers = 2 if FLEET_ASKED else 1
     inventory = lab_inventory_with(
@@ -235,6 +241,9 @@ def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
         # (tests/test_converge_fast_path.py). The fleet's two servers keep the floor.
         data["all"]["children"]["lab"]["vars"]["loadbalancer_min_other_backends"] = 0
     inventory.write_text(yaml.safe_dump(data))
+    stale = remove_stale_containers("cli-lab-")
+    if stale:
+        print(f"removed containers an earlier run left: {', '.join(stale)}")
     try:
         rc, up = specfleet_json("lab", "up", "-i", str(inventory))
         assert rc == 0, up

@@ -67,6 +67,17 @@ def containers(prefix: str) -> list[str]:
     return [name for name in names if name.startswith(prefix)]
 
 
+def remove_stale_containers(prefix: str) -> list[str]:
+    """Remove the containers an earlier, interrupted run of the tests left under their own
+    prefix (a lab not brought down): `lab up` would adopt those its inventory names, and one
+    it does not name (a second server) would serve beside the tests, taking a core, and
+    outlive their `lab down`. The names removed, so the run can say so."""
+    stale = containers(prefix)
+    if stale:
+        subprocess.run(["docker", "rm", "-f", *stale], capture_output=True, check=True)
+    return stale
+
+
 class LabUnderTest:
     """A running lab as the tests see it: its inventory, its hosts' variables (as written,
     not templated), its balancer and servers, and a way to run a command in a host."""
