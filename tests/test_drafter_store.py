@@ -157,3 +157,37 @@ def test_the_command_line_says_why(tmp_path: Path, capsys: pytest.CaptureFixture
                  "--into", str(tmp_path / "p"), "--expect", "../x"])  # fmt: skip
     answer = json.loads(capsys.readouterr().out)
     assert code == 1 and answer["ok"] is False and "64 hexadecimal" in answer["problem"]
+
+
+def test_a_drafter_over_the_bound_is_refused_before_any_byte_is_copied(tmp_path: Path) -> None:
+    # The attack measured before the bound: a 1 GiB sparse model.safetensors planted by the
+    # training account under a correct digest. Its size is read, not its bytes.
+    digest, folder = export(tmp_path / "state")
+    with open(folder / "model.safetensors", "r+b") as planted:
+        planted.truncate(1 << 30)
+    publish = tmp_path / "publish"
+    with pytest.raises(StoreError, match=r"model.safetensors 1073741824\), over the publication bound"):
+        collect(tmp_path / "state", f"job/export/{digest}", publish, max_bytes=64 << 20)
+    assert list(publish.iterdir()) == []
+
+
+def test_a_drafter_within_the_bound_is_collected_and_says_its_size(tmp_path: Path) -> None:
+    digest, folder = export(tmp_path / "state")
+    size = sum(path.stat().st_size for path in folder.iterdir())
+    result = collect(tmp_path / "state", f"job/export/{digest}", tmp_path / "publish",
+                     digest, max_bytes=size)  # fmt: skip
+    assert result["digest"] == digest and result["bytes"] == size
+    # Readable by the controller's connection account, so that it fetches without become.
+    assert (tmp_path / "publish").stat().st_mode & 0o777 == 0o755
+
+
+def test_superseded_copies_are_pruned_to_the_newest_kept(tmp_path: Path) -> None:
+    publish = tmp_path / "publish"
+    digests = []
+    for run in range(3):
+        digest, _ = export(tmp_path / f"state{run}", {**CONFIG, "run": run})
+        result = collect(tmp_path / f"state{run}", f"job/export/{digest}", publish, keep=2)
+        os.utime(publish / digest, (1_000 + run, 1_000 + run))
+        digests.append(digest)
+        assert result["pruned"] == ([digests[0]] if run == 2 else [])
+    assert sorted(entry.name for entry in publish.iterdir()) == sorted(digests[1:])

@@ -10,7 +10,9 @@ Python from the drafter folder. So, as root:
   time without following links (``O_NOFOLLOW`` on every component below the anchor), copy
   exactly the drafter's files (regular files only) into a root-owned folder, hash the bytes
   as they are copied, check ``config.json``, and name the result by the digest computed here.
-  A digest the trainer claims must equal it.
+  A digest the trainer claims must equal it. A drafter over the publication bound
+  (``--max-bytes``) is refused from its files' sizes before a byte is copied; ``--keep N``
+  removes the copies earlier runs collected beyond the newest N.
 * ``verify``: on a serving host, re-hash a stored drafter (regular, root-owned files, no
   links) and compare with the digest it was published under, before ``current`` moves.
 
@@ -99,39 +101,95 @@ def open_beneath(anchor: Path, relative: str) -> Iterator[int]:
         os.close(fd)
 
 
-def _copy_regular(dir_fd: int, name: str, target: Path) -> str:
-    """Copy one regular file (no link) from dir_fd into target; return its sha256."""
+def _open_regular(dir_fd: int, name: str) -> tuple[int, int]:
+    """Open one regular file (no link) beneath dir_fd; its fd and its size."""
     try:
         source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as error:
         raise StoreError(
             f"{name}: cannot open without following links ({error.strerror})"
         ) from error
-    digest = hashlib.sha256()
-    try:
-        if not stat.S_ISREG(os.fstat(source).st_mode):
-            raise StoreError(f"{name} is not a regular file")
-        with open(target, "xb") as out:
-            while block := os.read(source, CHUNK):
-                digest.update(block)
-                out.write(block)
-    finally:
+    info = os.fstat(source)
+    if not stat.S_ISREG(info.st_mode):
         os.close(source)
+        raise StoreError(f"{name} is not a regular file")
+    return source, info.st_size
+
+
+def _copy_open(source: int, name: str, size: int, target: Path) -> str:
+    """Copy an open file into target, streaming, never more than the size it had when it was
+    measured (the training account may still be writing it); return its sha256."""
+    digest = hashlib.sha256()
+    copied = 0
+    with open(target, "xb") as out:
+        while block := os.read(source, CHUNK):
+            copied += len(block)
+            if copied > size:
+                raise StoreError(f"{name} grew while it was copied: refused")
+            digest.update(block)
+            out.write(block)
     os.chmod(target, 0o644)
     return digest.hexdigest()
 
 
-def collect(anchor: Path, relative: str, into: Path, expect: str | None = None) -> dict[str, Any]:
-    """Copy the drafter at anchor/relative into ``into/<digest>`` (root-owned); return it."""
+def _prune(into: Path, keep: int, newest: str) -> list[str]:
+    """Remove the collected drafters of ``into`` beyond the newest ``keep`` (``newest``, the
+    one just collected, always stays): what a later run superseded. The names removed."""
+    others = sorted(
+        (entry for entry in into.iterdir() if DIGEST.match(entry.name) and entry.name != newest),
+        key=lambda entry: entry.lstat().st_mtime,
+        reverse=True,
+    )
+    removed = others[max(keep - 1, 0) :]
+    for entry in removed:
+        shutil.rmtree(entry)
+    return sorted(entry.name for entry in removed)
+
+
+def collect(
+    anchor: Path,
+    relative: str,
+    into: Path,
+    expect: str | None = None,
+    max_bytes: int | None = None,
+    keep: int | None = None,
+) -> dict[str, Any]:
+    """Copy the drafter at anchor/relative into ``into/<digest>`` (root-owned); return it.
+
+    ``max_bytes`` bounds what may be published: the files' sizes are read first, and a
+    drafter over the bound is refused before a byte is copied (a file the training account
+    planted, sparse or not, costs nothing). ``keep`` prunes the drafters collected earlier
+    to that many, this one included."""
     if expect is not None and not DIGEST.match(expect):
         raise StoreError(f"the claimed digest {expect!r} is not 64 hexadecimal characters")
     into.mkdir(parents=True, exist_ok=True)
+    # Readable by the connection's own account: the controller fetches the copy without
+    # privilege escalation, which streams it (under become, Ansible reads a file whole).
+    into.chmod(0o755)
     staging = into / ".collecting"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o755)
     try:
         with open_beneath(anchor, relative) as dir_fd:
-            hashes = {name: _copy_regular(dir_fd, name, staging / name) for name in DRAFTER_FILES}
+            opened: dict[str, tuple[int, int]] = {}
+            try:
+                for name in DRAFTER_FILES:
+                    opened[name] = _open_regular(dir_fd, name)
+                sizes = {name: size for name, (_, size) in opened.items()}
+                total = sum(sizes.values())
+                if max_bytes is not None and total > max_bytes:
+                    listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
+                    raise StoreError(
+                        f"the drafter is {total} bytes ({listed}), over the publication bound "
+                        f"of {max_bytes} (drafter_training_max_publish_bytes): nothing copied"
+                    )
+                hashes = {
+                    name: _copy_open(fd, name, size, staging / name)
+                    for name, (fd, size) in opened.items()
+                }
+            finally:
+                for fd, _ in opened.values():
+                    os.close(fd)
         problems = config_problems(_read_json(staging / "config.json"))
         if problems:
             raise StoreError("; ".join(problems))
@@ -144,13 +202,15 @@ def collect(anchor: Path, relative: str, into: Path, expect: str | None = None) 
         final = into / digest
         if final.exists():
             shutil.rmtree(staging)
+            os.utime(final)
         else:
             staging.chmod(0o755)
             os.replace(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {"digest": digest, "dir": str(final), "files": hashes}
+    pruned = _prune(into, keep, digest) if keep is not None else []
+    return {"digest": digest, "dir": str(final), "files": hashes, "bytes": total, "pruned": pruned}
 
 
 def verify(folder: Path, digest: str) -> dict[str, Any]:
@@ -196,13 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     collect_cmd.add_argument("--path", required=True)
     collect_cmd.add_argument("--into", type=Path, required=True)
     collect_cmd.add_argument("--expect")
+    collect_cmd.add_argument("--max-bytes", type=int)
+    collect_cmd.add_argument("--keep", type=int)
     verify_cmd = commands.add_parser("verify")
     verify_cmd.add_argument("--dir", type=Path, required=True)
     verify_cmd.add_argument("--digest", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "collect":
-            result = collect(args.anchor, args.path, args.into, args.expect)
+            result = collect(
+                args.anchor, args.path, args.into, args.expect, args.max_bytes, args.keep
+            )
         else:
             result = verify(args.dir, args.digest)
     except (StoreError, OSError) as error:
