@@ -166,7 +166,8 @@ def test_a_drafter_over_the_bound_is_refused_before_any_byte_is_copied(tmp_path:
     with open(folder / "model.safetensors", "r+b") as planted:
         planted.truncate(1 << 30)
     publish = tmp_path / "publish"
-    with pytest.raises(StoreError, match=r"model.safetensors 1073741824\), over the publication bound"):
+    over = r"model.safetensors 1073741824\), over the publication bound"
+    with pytest.raises(StoreError, match=over):
         collect(tmp_path / "state", f"job/export/{digest}", publish, max_bytes=64 << 20)
     assert list(publish.iterdir()) == []
 
