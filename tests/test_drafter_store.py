@@ -192,3 +192,19 @@ def test_superseded_copies_are_pruned_to_the_newest_kept(tmp_path: Path) -> None
         digests.append(digest)
         assert result["pruned"] == ([digests[0]] if run == 2 else [])
     assert sorted(entry.name for entry in publish.iterdir()) == sorted(digests[1:])
+
+
+def test_a_store_keeps_what_it_serves_and_served_before_then_the_newest(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    names = [f"{n:064x}" for n in range(5)]
+    for age, name in enumerate(names):
+        (store / name).mkdir(parents=True)
+        os.utime(store / name, (1_000 - age, 1_000 - age))  # names[0] the newest
+    (store / "current").symlink_to(store / names[4])
+    served, before = names[4], str(store / names[3])
+    code = main(["prune", "--into", str(store), "--keep", "3", "--protect", served,
+                 "--protect", before])  # fmt: skip
+    assert code == 0
+    assert sorted(entry.name for entry in store.iterdir()) == sorted(
+        ["current", names[0], names[3], names[4]]
+    )

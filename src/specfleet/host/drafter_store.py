@@ -13,6 +13,8 @@ Python from the drafter folder. So, as root:
   A digest the trainer claims must equal it. A drafter over the publication bound
   (``--max-bytes``) is refused from its files' sizes before a byte is copied; ``--keep N``
   removes the copies earlier runs collected beyond the newest N.
+* ``prune``: the same pruning of any folder of drafters (the controller's cache, a serving
+  host's store), keeping what ``--protect`` names.
 * ``verify``: on a serving host, re-hash a stored drafter (regular, root-owned files, no
   links) and compare with the digest it was published under, before ``current`` moves.
 
@@ -132,15 +134,18 @@ def _copy_open(source: int, name: str, size: int, target: Path) -> str:
     return digest.hexdigest()
 
 
-def _prune(into: Path, keep: int, newest: str) -> list[str]:
-    """Remove the collected drafters of ``into`` beyond the newest ``keep`` (``newest``, the
-    one just collected, always stays): what a later run superseded. The names removed."""
+def prune(into: Path, keep: int, protect: list[str]) -> list[str]:
+    """Remove the drafters of ``into`` (folders named by a digest) beyond ``keep`` in all:
+    the ``protect``ed ones (digests or paths: what is served, what was served before, the
+    one just collected) always stay and count first, then the newest others. What later
+    runs superseded goes; the names removed."""
+    kept = {Path(name).name for name in protect if name}
     others = sorted(
-        (entry for entry in into.iterdir() if DIGEST.match(entry.name) and entry.name != newest),
+        (entry for entry in into.iterdir() if DIGEST.match(entry.name) and entry.name not in kept),
         key=lambda entry: entry.lstat().st_mtime,
         reverse=True,
     )
-    removed = others[max(keep - 1, 0) :]
+    removed = others[max(keep - len(kept), 0) :]
     for entry in removed:
         shutil.rmtree(entry)
     return sorted(entry.name for entry in removed)
@@ -209,7 +214,7 @@ def collect(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    pruned = _prune(into, keep, digest) if keep is not None else []
+    pruned = prune(into, keep, [digest]) if keep is not None else []
     return {"digest": digest, "dir": str(final), "files": hashes, "bytes": total, "pruned": pruned}
 
 
@@ -258,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     collect_cmd.add_argument("--expect")
     collect_cmd.add_argument("--max-bytes", type=int)
     collect_cmd.add_argument("--keep", type=int)
+    prune_cmd = commands.add_parser("prune")
+    prune_cmd.add_argument("--into", type=Path, required=True)
+    prune_cmd.add_argument("--keep", type=int, required=True)
+    prune_cmd.add_argument("--protect", action="append", default=[])
     verify_cmd = commands.add_parser("verify")
     verify_cmd.add_argument("--dir", type=Path, required=True)
     verify_cmd.add_argument("--digest", required=True)
@@ -267,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             result = collect(
                 args.anchor, args.path, args.into, args.expect, args.max_bytes, args.keep
             )
+        elif args.command == "prune":
+            result = {"pruned": prune(args.into, args.keep, args.protect)}
         else:
             result = verify(args.dir, args.digest)
     except (StoreError, OSError) as error:
