@@ -327,7 +327,10 @@ def inputs_digest(ansible: Ansible, tmp_path: Path, inventory: str, *args: str) 
         "tasks": [
             {
                 "name": "inputs",
-                "specfleet.fleet.specfleet_converged_inputs": {"ignore": ["specfleet_full"]},
+                "specfleet.fleet.specfleet_converged_inputs": {
+                    "ignore": ["specfleet_full"],
+                    "controller_files": ["manifest"],
+                },
                 "run_once": True,
             }
         ],
@@ -368,6 +371,25 @@ def test_the_inputs_digest_follows_every_host_s_variables_as_they_template(
     assert inputs_digest(ansible, tmp_path, INVENTORY.format(key=key, port=8001)) != first
     assert inputs_digest(ansible, tmp_path, inventory, "-e", "specfleet_x=1") != first
     key.write_text("rotated")
+    assert inputs_digest(ansible, tmp_path, inventory) != first
+
+
+def test_a_controller_file_named_by_a_variable_counts_by_its_content(
+    ansible: Ansible, tmp_path: Path
+) -> None:
+    """A model pinned again at the same path (the role reads the manifest on the
+    controller) is a new digest, though no variable's value changed."""
+    manifest = tmp_path / "model.json"
+    inventory = INVENTORY.format(key=tmp_path / "key", port=8000).replace(
+        "s2: {port: 8000}", f"s2: {{port: 8000, manifest: {manifest}}}"
+    )
+    (tmp_path / "key").write_text("k")
+    absent = inputs_digest(ansible, tmp_path, inventory)
+    manifest.write_text('{"revision": "a"}')
+    first = inputs_digest(ansible, tmp_path, inventory)
+    assert first != absent
+    assert inputs_digest(ansible, tmp_path, inventory) == first
+    manifest.write_text('{"revision": "b"}')
     assert inputs_digest(ansible, tmp_path, inventory) != first
 
 

@@ -8,7 +8,10 @@ The digest covers:
 - every variable of every host in the inventory (inventory, group and extra vars), each as
   it templates: a key read from a file through a lookup counts by its value, not its
   path. A variable that cannot template yet (it needs facts) counts as written;
-- the inventory's groups.
+- the inventory's groups;
+- the content of the controller's files the roles read from a path a variable names
+  (``controller_files``: a model's manifest, a folder of locks), so a manifest pinned again
+  at the same path is a new digest, as a key read through a lookup is.
 
 So one digest serves the whole fleet: a change to any host's variables sends every host
 through the full converge once (the balancer's configuration names every server, and
@@ -36,6 +39,14 @@ description:
 options:
   ignore:
     description: Variable names left out besides the run's own (the fast path's switch).
+    type: list
+    elements: str
+    default: []
+  controller_files:
+    description:
+      - Variable names whose value is a path on the controller that a role reads (a file,
+        or a folder read whole): its content counts, not only its path. A host that does not
+        set one, or a path that is not there, counts as absent.
     type: list
     elements: str
     default: []
@@ -92,15 +103,31 @@ RUN_NAMES = frozenset(
 )
 
 
+def folder_digest(digest: Any, root: Path, folder: Path) -> None:
+    """Every file under folder, by path and content (bytecode caches left out)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            digest.update(f"{path.relative_to(root)}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+
+
 def tree_digest(root: Path) -> str:
-    """Every file of the deciding folders, by path and content (bytecode caches left out)."""
+    """The deciding folders of the project."""
     digest = hashlib.sha256()
     for name in DECIDING:
-        for path in sorted((root / name).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                digest.update(f"{path.relative_to(root)}\n".encode())
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
+        folder_digest(digest, root, root / name)
     return digest.hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """A controller file's or folder's content, or "absent"."""
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    if path.is_dir():
+        digest = hashlib.sha256()
+        folder_digest(digest, path, path)
+        return digest.hexdigest()
+    return "absent"
 
 
 class ActionModule(ActionBase):
@@ -117,6 +144,9 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         ignore = set(self._task.args.get("ignore") or []) | RUN_NAMES
+        controller_files = list(self._task.args.get("controller_files") or [])
+        # One read a path, however many hosts name it (a fleet shares its manifest).
+        contents: dict[str, str] = {}
         groups = task_vars.get("groups", {})
         hostvars = task_vars["hostvars"]
         fleet: dict[str, Any] = {
@@ -131,6 +161,12 @@ class ActionModule(ActionBase):
                 if name not in ignore and not (name.startswith("ansible_") and name[8:] in facts)
             )
             fleet[host] = {name: self._value(host_vars, name) for name in names}
+            for name in controller_files:
+                path = fleet[host].get(name)
+                if isinstance(path, str) and path:
+                    if path not in contents:
+                        contents[path] = content_digest(Path(path))
+                    fleet[host][f"content of {name}"] = contents[path]
         document = json.dumps(fleet, sort_keys=True, default=repr).encode()
         result.update(
             changed=False,
