@@ -50,14 +50,24 @@ def test_the_smollm2_lab_is_the_lab_with_the_real_model_on_its_servers():
     data = inventory("-i", "inventory/lab-smollm2")
     hostvars = data["_meta"]["hostvars"]
     assert sorted(hostvars) == ["gpu-lab-01", "gpu-lab-02", "gpu-lab-lb", "gpu-lab-mon"]
-    assert data["packaged_models"]["children"] == ["lab_servers"]
+    # Converted once, on the first server (the trainer), published onto the balancer's
+    # mirror; every server fetches it, pinned, and makes its untrained drafter from it.
+    assert data["packaged_models"]["hosts"] == ["gpu-lab-01"]
+    assert data["drafter_trainers"]["hosts"] == ["gpu-lab-01"]
+    assert data["pinned_models"]["children"] == ["lab_servers"]
+    assert data["untrained_drafters"]["children"] == ["lab_servers"]
+    assert data["model_mirrors"]["children"] == ["loadbalancers"]
+    publisher = hostvars["gpu-lab-01"]
+    assert publisher["packaged_model_manifest"] == "{{ pinned_model_manifest }}"
+    assert publisher["packaged_model_link"] != publisher["specfleet_model"]
     for name in ("gpu-lab-01", "gpu-lab-02"):
         server = hostvars[name]
         # its group's settings win over the lab's own
         assert server["specfleet_model"] == "/var/lib/specfleet/models/target"
+        assert server["pinned_model_manifest"] == "{{ inventory_dir }}/.models/smollm2.json"
         assert server["vllm_server_served_model_name"] == "smollm2"
         assert server["lab_wheelhouses"] == ["smollm2"]
-        assert server["drafter_training_settings"]["dataset"] == server["packaged_model_prompts"]
+        assert server["drafter_training_settings"]["dataset"] == publisher["packaged_model_prompts"]
     assert hostvars["gpu-lab-lb"]["specfleet_accelerator"] == "cpu"
 
 
