@@ -9,12 +9,16 @@ publications behind is removed from it:
 - then the lab's own drafter again, under its digest: ``b`` stays (served before), ``a``,
   superseded, leaves the store, and so does its copy in the controller's cache.
 
-The lab ends serving its own drafter's bytes. It uses the lab of tests/test_cli_lab.py, or
+With two servers or more, requests flow through the front door all along and none may
+fail (each server is drained in turn while the others serve); a lab of one server (CI's)
+has nothing to serve while its only server restarts, so it sends none. The lab ends
+serving its own drafter's bytes. It uses the lab of tests/test_cli_lab.py, or
 ``SPECFLEET_TEST_LAB=inventory/lab/hosts.yml`` for a lab already up (``bin/lab up``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -57,7 +61,9 @@ def test_a_drafter_two_publications_behind_leaves_the_store(
     digests = {name: digest_of(folder) for name, folder in drafters.items()}
     cache = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
     door = Door.of(lab)
-    with Load(door, door.client_key, threads=1, per_second=1, minutes=20) as load:
+    under_load = len(lab.servers) >= 2
+    load = Load(door, door.client_key, threads=1, per_second=1, minutes=20)
+    with load if under_load else contextlib.nullcontext():
         for name in ("a", "b", "own"):
             started = time.monotonic()
             run = publish(lab, drafters[name])
@@ -69,8 +75,10 @@ def test_a_drafter_two_publications_behind_leaves_the_store(
             if name == "b":  # a is what b's hosts served before: kept for a rollback
                 for host in lab.servers:
                     assert {digests["a"], digests["b"]} <= set(store_of(lab, host)), host
-    print(f"load through the front door: {dict(load.results)}, retried {load.retried}")
-    assert not load.failures, load.failures
+    if under_load:
+        print(f"load through the front door: {dict(load.results)}, retried {load.retried}")
+        assert not load.failures, load.failures
+        assert load.results["200"] >= 3, load.results
     for host in lab.servers:
         store = store_of(lab, host)
         assert digests["own"] in store and digests["b"] in store, (host, store)
