@@ -45,7 +45,7 @@ options:
   controller_files:
     description:
       - Variable names whose value is a path on the controller that a role reads (a file,
-        or a folder read whole): its content counts, not only its path. A host that does not
+        or a folder read whole); its content counts, not only its path. A host that does not
         set one, or a path that is not there, counts as absent.
     type: list
     elements: str
