@@ -284,12 +284,31 @@ def stream_of(module: Path) -> str | None:
 
 
 _ORDER = {"lab": 0, "molecule": 1, None: 2}
+STREAMS = {"lab": "lab", "molecule": "molecule", "rest": None}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stream",
+        choices=sorted(STREAMS),
+        help="only this stream's tests: lab (the modules on the shared lab), molecule (the "
+        "scenarios) or rest (everything else); bin/test runs molecule and rest side by side, "
+        "then lab (write --stream=NAME: a bare `molecule` would be read as the folder)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lab's modules first (the longest stream), then the scenarios, then the rest; in
-    the lab, the modules that switch its stack (`changes_lab_stack`) last, so every other
-    lab test meets the lab as `lab up` left it (those modules in the order their marks give)."""
+    """With --stream, only that stream's tests. The lab's modules first (the longest
+    stream), then the scenarios, then the rest; in the lab, the modules that switch its stack
+    (`changes_lab_stack`) last, so every other lab test meets the lab as `lab up` left it
+    (those modules in the order their marks give)."""
+    chosen = config.getoption("--stream")
+    if chosen is not None:
+        wanted = STREAMS[chosen]
+        deselected = [item for item in items if stream_of(item.path) != wanted]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if stream_of(item.path) == wanted]
     items.sort(key=lambda item: (_ORDER[stream_of(item.path)], _stack_rank(item)))
 
 

@@ -17,7 +17,8 @@ over.
 - that, and then the old vLLM killed during the rollback's gate (the host is left out of
   rotation, and the message says so);
 - SIGINT to the controller right after the canary switched venvs;
-- SIGINT to the controller while the canary is drained;
+- SIGINT to the controller while the last host is drained, the canary's turn done (the
+  repair completes the fleet and leaves the canary's server alone);
 - the balancer restarted mid-rollout, while the canary's server is stopped (the run ends
   well, and the same command again changes nothing).
 
@@ -149,19 +150,27 @@ def test_sigint_to_the_controller_right_after_the_canary_switched(
     assert load.results["200"] > 0 and not load.failures, (load.results, load.failures[:5])
 
 
-def test_sigint_to_the_controller_during_the_drain(
+def test_sigint_to_the_controller_during_the_last_hosts_drain(
     lab: LabUnderTest, canary: str, door: Door, tmp_path: Path
 ) -> None:
+    # The last wave's host, so the canary has finished its turn when the controller stops:
+    # the repair must complete the fleet and leave the canary's verified server alone.
+    last = lab.servers[-1]
     with Load(door, door.client_key, per_second=LOAD_PER_SECOND) as load:
         run = Upgrade(lab, OLD, tmp_path / "faulted.json")
         wait_for(
-            "the canary drained at the balancer",
-            lambda: balancer_states(lab)[canary].startswith(("MAINT", "DRAIN")),
+            "the last host drained at the balancer",
+            lambda: balancer_states(lab)[last].startswith(("MAINT", "DRAIN")),
         )
         run.interrupt()
         rc, _ = run.finish()
         assert rc == 130
+        # The canary's turn was done: it is verified on the new code already.
+        wrong = verified(lab, OLD)
+        assert not [line for line in wrong if line.startswith(f"{canary}:")], wrong
+        serving = main_pid(lab, canary)
         repaired(lab, OLD, tmp_path)
+        assert main_pid(lab, canary) == serving, "the repair restarted the finished canary"
     assert load.results["200"] > 0 and not load.failures, (load.results, load.failures[:5])
 
 
