@@ -210,23 +210,15 @@ def systemd_verify(folder: Path, name: str, unit: str, needs: Sequence[str] = ()
 
 @pytest.fixture(scope="session")
 def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The tests' lab (cli-lab-01 behind its balancer, cli-lab-lb, with the lab's
-    Prometheus, cli-lab-mon, on a network of their own; a second server, cli-lab-02, when
-    the fleet's upgrades are asked for: SPECFLEET_FLEET=1), brought up once with `specfleet
-    lab up --json` as `bin/lab` runs it, shared by every module that needs a running lab
-    (the fleet's upgrades last), and removed at the end (`lab down` must leave no
-    container)."""
-    from labs import (
-        FLEET_ASKED,
-        containers,
-        lab_inventory_with,
-        remove_stale_containers,
-        specfleet_json,
-    )
+    """The tests' lab (cli-lab-01 and cli-lab-02 behind their balancer, cli-lab-lb, with
+    the lab's Prometheus, cli-lab-mon, on a network of their own), brought up once with
+    `specfleet lab up --json` as `bin/lab` runs it, shared by every module that needs a
+    running lab (the fleet's upgrades last), and removed at the end (`lab down` must leave no
+    container). Two servers: a rolling upgrade needs a canary and another host to serve."""
+    from labs import containers, lab_inventory_with, remove_stale_containers, specfleet_json
 
-    servers = 2 if FLEET_ASKED else 1
     inventory = lab_inventory_with(
-        tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242", servers=servers
+        tmp_path_factory.mktemp("cli-lab"), "cli-lab-", "172.30.242", servers=2
     )
     data = yaml.safe_load(inventory.read_text())
     data["all"]["children"]["lab"]["vars"] |= {
@@ -235,11 +227,6 @@ def cli_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
         # request): a server starting beside one that serves can take minutes.
         "vllm_server_health_timeout": 1500,
     }
-    if servers == 1:
-        # No other server to leave serving: a floor of one other would refuse every restart
-        # behind the balancer, and the fast path's repairs restart the server
-        # (tests/test_converge_fast_path.py). The fleet's two servers keep the floor.
-        data["all"]["children"]["lab"]["vars"]["loadbalancer_min_other_backends"] = 0
     inventory.write_text(yaml.safe_dump(data))
     stale = remove_stale_containers("cli-lab-")
     if stale:

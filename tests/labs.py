@@ -16,10 +16,13 @@ from specfleet.controller.paths import repo_root
 # it and back, and the shared lab (conftest.cli_lab) mounts its wheelhouse.
 LAB_PREVIOUS_STACK = "cpu-vllm-0.31"
 
-# The fleet's upgrade and fault tests run on request (SPECFLEET_FLEET=1): with them CI is
-# beyond its budget on two cores (README, "Running tests").
+# The tests' lab has two servers, and every run tests the fleet's upgrades on it
+# (tests/test_fleet_upgrade.py, and a rolling upgrade under load through a restarted balancer in
+# tests/test_fleet_faults.py). Four of the rollout's faults and the model's rollouts run on
+# request (SPECFLEET_FLEET=1): with them CI is beyond its hour on two cores (README, "Running
+# tests").
 FLEET_ASKED = os.environ.get("SPECFLEET_FLEET") == "1"
-FLEET_ON_REQUEST = "on request (SPECFLEET_FLEET=1): beyond CI's budget on two cores"
+FLEET_ON_REQUEST = "on request (SPECFLEET_FLEET=1): beyond CI's hour on two cores"
 
 
 def lab_inventory_with(

@@ -1,5 +1,5 @@
 """The README's first command and the CLI end to end against lab containers (Docker): the
-tests' own lab (conftest.cli_lab: cli-lab-01, and cli-lab-02 with SPECFLEET_FLEET=1, behind
+tests' own lab (conftest.cli_lab: cli-lab-01 and cli-lab-02 behind
 their balancer, cli-lab-lb, all reached over SSH on a network of their own), brought up once with
 `specfleet lab up --json` as `bin/lab` runs it, brought up again (nothing changes), read,
 probed with an unreachable host and a bad inventory, and removed (`lab down` leaves no

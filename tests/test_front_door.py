@@ -14,7 +14,7 @@ Then a client key is rotated under load (``specfleet frontdoor`` with the new ke
 clients switched to it, the old one removed): no request fails, and the old key is refused
 afterwards. The refusals are counted by reason at the balancer and named in its log.
 
-Runs against the lab of tests/test_cli_lab.py (one server behind its balancer, brought up
+Runs against the lab of tests/test_cli_lab.py (two servers behind their balancer, brought up
 once for both modules); ``SPECFLEET_TEST_LAB=inventory/lab/hosts.yml`` points it at a lab
 already running instead (``bin/lab up``), which it leaves running.
 """
