@@ -10,8 +10,8 @@ publications behind is removed from it:
   superseded, leaves the store, and so does its copy in the controller's cache.
 
 With two servers or more, requests flow through the front door all along and none may
-fail (each server is drained in turn while the others serve); a lab of one server (`bin/lab up` with one)
-has nothing to serve while its only server restarts, so it sends none. The lab ends
+fail (each server is drained in turn while the others serve); a lab of one server has
+nothing to serve while its only server restarts, so it sends none. The lab ends
 serving its own drafter's bytes. It uses the lab of tests/test_cli_lab.py, or
 ``SPECFLEET_TEST_LAB=inventory/lab/hosts.yml`` for a lab already up (``bin/lab up``).
 """
