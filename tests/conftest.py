@@ -262,22 +262,21 @@ LAB_FIXTURE_USE = re.compile(r"\b(?:cli_lab|lab_under_test)\s*[:,)]")
 
 
 @functools.cache
-def stream_of(module: Path) -> str | None:
-    """ "lab", "molecule", or None (anything else) for a test module."""
+def stream_of(module: Path) -> str:
+    """ "lab", "molecule", or "rest" (anything else) for a test module."""
     if module.name == "test_molecule_scenarios.py":
         return "molecule"
     source = module.read_text() if module.is_file() else ""
-    return "lab" if LAB_FIXTURE_USE.search(source) else None
+    return "lab" if LAB_FIXTURE_USE.search(source) else "rest"
 
 
-_ORDER = {"lab": 0, "molecule": 1, None: 2}
-STREAMS = {"lab": "lab", "molecule": "molecule", "rest": None}
+_ORDER = {"lab": 0, "molecule": 1, "rest": 2}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--stream",
-        choices=sorted(STREAMS),
+        choices=sorted(_ORDER),
         help="only this stream's tests: lab (the modules on the shared lab), molecule (the "
         "scenarios) or rest (everything else); bin/test runs molecule and rest side by side, "
         "then lab (write --stream=NAME: a bare `molecule` would be read as the folder)",
@@ -291,11 +290,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (those modules in the order their marks give)."""
     chosen = config.getoption("--stream")
     if chosen is not None:
-        wanted = STREAMS[chosen]
-        deselected = [item for item in items if stream_of(item.path) != wanted]
+        deselected = [item for item in items if stream_of(item.path) != chosen]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if stream_of(item.path) == wanted]
+            items[:] = [item for item in items if stream_of(item.path) == chosen]
     items.sort(key=lambda item: (_ORDER[stream_of(item.path)], _stack_rank(item)))
 
 
