@@ -215,3 +215,55 @@ def test_a_setting_of_the_wrong_type_is_named(
     settings = {"target": "t", "dataset": "d", "work_dir": "w", "store_dir": "s"} | change
     with pytest.raises(ConfigError, match=re.escape(message)):
         RunConfig.from_dict(settings)
+
+
+def grouped_dataset(root: Path, topics: dict[str, int]) -> Path:
+    """Rows named by topic, as the documentation prompts are: ``{"group": topic}``."""
+    root.mkdir(parents=True, exist_ok=True)
+    dataset = root / "grouped.jsonl"
+    with dataset.open("w") as handle:
+        for topic, count in topics.items():
+            for index in range(count):
+                content = f"Tell me about {topic}, part {index}."
+                row = {"messages": [{"role": "user", "content": content}], "group": topic}
+                handle.write(json.dumps(row) + "\n")
+    return dataset
+
+
+def test_fixed_heldout_groups_are_held_out_whole_and_nothing_else(tmp_path: Path) -> None:
+    from specfleet.host.drafter.stages import _prompts_run
+
+    topics = {"for": 5, "while": 7, "with": 4, "try": 6}
+    dataset = grouped_dataset(tmp_path / "data", topics)
+    config = settings(tmp_path, dataset=str(dataset), heldout_groups=["with", "for"])
+    assert preflight(config).problems == []
+    out = tmp_path / "prompts"
+    out.mkdir()
+    summary = _prompts_run(context(config), out)
+    assert summary == {"train_rows": 13, "heldout_rows": 9, "heldout_groups": ["for", "with"]}
+    held = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
+    assert {row["messages"][0]["content"].split(",")[0] for row in held} == {
+        "Tell me about for",
+        "Tell me about with",
+    }
+    # The split is a stage's input: other groups are another run of every stage.
+    other = RunConfig.from_dict({**config.as_dict(), "heldout_groups": ["try"]})
+    first, second = context(config), context(other)
+    plan(first), plan(second)
+    assert first.keys["prompts"] != second.keys["prompts"]
+
+
+@pytest.mark.parametrize(
+    ("groups", "expected"),
+    [
+        (["while", "never"], "heldout_groups ['never'] are not groups of dataset"),
+        (["for", "while"], "hold every row of"),
+    ],
+)
+def test_unusable_heldout_groups_are_named_before_anything_runs(
+    tmp_path: Path, groups: list[str], expected: str
+) -> None:
+    dataset = grouped_dataset(tmp_path / "data", {"for": 3, "while": 2})
+    config = settings(tmp_path, dataset=str(dataset), heldout_groups=groups)
+    (problem,) = preflight(config).problems
+    assert expected in problem, problem

@@ -74,6 +74,13 @@ class RunConfig:
     heldout_prompts: int = field(
         default=20, metadata=doc("prompts kept out of training, used to measure acceptance")
     )
+    heldout_groups: list[str] = field(
+        default_factory=list,
+        metadata=doc(
+            "the dataset's groups (its rows' `group`) to hold out, whole; empty: groups drawn "
+            "with the seed until heldout_prompts rows. Fixed groups keep runs comparable"
+        ),
+    )
     seed: int = field(default=0, metadata=doc("seed of the held-out split and of training"))
     response_max_tokens: int = field(
         default=128, metadata=doc("tokens the target writes per training prompt")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,22 @@ class Preflight:
     hidden_states_bytes: int | None = None
 
 
+def _heldout_group_problems(
+    dataset: Path, rows: list[dict[str, Any]], wanted: list[str]
+) -> list[str]:
+    """Fixed held-out groups must each be in the dataset and leave rows for training."""
+    groups = Counter(str(row.get("group")) for row in rows if "group" in row)
+    missing = sorted(set(wanted) - set(groups))
+    if missing:
+        return [f"heldout_groups {missing} are not groups of dataset {dataset}"]
+    if sum(groups[group] for group in set(wanted)) >= len(rows):
+        return [
+            f"heldout_groups {sorted(wanted)} hold every row of {dataset}: "
+            "none is left for training"
+        ]
+    return []
+
+
 def preflight(config: RunConfig, count_tokens: Any = None) -> Preflight:
     """Check the run's inputs; the estimate is made once, with the tokenizer if given.
 
@@ -144,6 +161,8 @@ def preflight(config: RunConfig, count_tokens: Any = None) -> Preflight:
             problems.append(str(error))
         if not rows and not problems:
             problems.append(f"dataset {dataset} is empty: it has no prompt rows")
+        elif rows and config.heldout_groups:
+            problems += _heldout_group_problems(dataset, rows, config.heldout_groups)
         elif rows and len(rows) <= config.heldout_prompts:
             problems.append(
                 f"dataset {dataset} has {len(rows)} rows: more than heldout_prompts "

@@ -115,6 +115,7 @@ def _prompts_settings(ctx: Context) -> dict[str, Any]:
     return {
         "dataset_sha256": sha256_file(Path(ctx.config.dataset)),
         "heldout_prompts": ctx.config.heldout_prompts,
+        "heldout_groups": sorted(ctx.config.heldout_groups),
         "seed": ctx.config.seed,
     }
 
@@ -146,7 +147,9 @@ def _prompts_run(ctx: Context, out: Path) -> dict[str, Any]:
     """
     rows = list(read_rows(Path(ctx.config.dataset)))
     groups = [str(row.pop("group", f"\0row {index}")) for index, row in enumerate(rows)]
-    heldout = heldout_groups(groups, ctx.config.heldout_prompts, ctx.config.seed)
+    heldout = set(ctx.config.heldout_groups) or heldout_groups(
+        groups, ctx.config.heldout_prompts, ctx.config.seed
+    )
     held_rows = 0
     with (out / "train.jsonl").open("w") as train, (out / "heldout.jsonl").open("w") as held:
         for row, group in zip(rows, groups, strict=True):
