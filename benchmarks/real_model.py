@@ -31,7 +31,8 @@ run only measures, and a run cut short resumes from its stages and checkpoints. 
      request at a time and ``--concurrency`` at a time, ``--speed-prompts`` requests a cell,
      ``--repeats`` times (min, median, max), on the held-out topics and on the chat set;
    * a bare transformers ``generate`` of the target on the same prompts, one at a time, on
-     as many threads as the engine has cores: the yardstick of the plain server;
+     as many threads as the engine has (``--bare-repeats`` times): the plain server's
+     yardstick;
    * hidden-state extraction through vLLM (the pipeline's own server and client) against
      a bare transformers forward of the target over the same token rows, same threads.
 
@@ -89,6 +90,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-tokens", type=int, default=128)
     parser.add_argument("--speed-prompts", type=int, default=40, help="requests per cell")
     parser.add_argument("--repeats", type=int, default=3, help="of every speed cell")
+    parser.add_argument(
+        "--bare-repeats", type=int, default=1, help="of the bare generate (a yardstick)"
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--engine-cores",
@@ -527,7 +531,9 @@ def measure(path: Path, as_json: bool) -> int:
         keep()
     threads = result["engine_threads"] or os.cpu_count() or 1
     result["bare_generate"] = {
-        f"{label} x1": _bare_generate(Path(config.target), chats, tokens, threads, repeats)
+        f"{label} x1": _bare_generate(
+            Path(config.target), chats, tokens, threads, options["bare_repeats"]
+        )
         for label, chats in speed_sets.items()
     }
     keep()
