@@ -1,5 +1,6 @@
 """benchmarks/acceptance_curve.py's arithmetic: the fit of acceptance against ln(prompts)
-and the prompts it predicts for a goal (the curve's runs themselves are the benchmark)."""
+and the prompts it predicts for a goal; engine_binding.py's server settings (the curve's and
+the bindings' runs themselves are the benchmarks)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,12 @@ def test_no_prediction_from_one_size_or_a_curve_that_does_not_rise():
     assert acceptance_curve.fit(points((600, 2.0), (600, 2.1))) is None
     flat = acceptance_curve.fit(points((300, 2.2), (1200, 2.0)))
     assert flat is not None and acceptance_curve.prompts_for(3.0, flat) is None
+
+
+def test_an_engine_binding_is_every_core_named_by_vllm_or_left_to_vllm(monkeypatch):
+    import engine_binding
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert engine_binding.environment("all")["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert engine_binding.environment("0")["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_binding.environment("unset")
