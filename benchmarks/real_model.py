@@ -162,14 +162,12 @@ def _prompt_pool(python: Path, work: Path) -> Path:
 
 def training_set(pool: Path, heldout: int, train: int | None) -> tuple[Path, list[str]]:
     """The run's dataset: the fixed held-out topics and the first ``train`` training rows."""
-    from specfleet.host.drafter.inputs import read_rows
+    from specfleet.host.drafter.inputs import read_rows, write_rows
     from specfleet.host.lab.docprompts import nested
 
     rows, groups = nested(list(read_rows(pool)), heldout, train)
     dataset = pool.with_name(f"prompts-heldout{heldout}-train{train or 'all'}.jsonl")
-    staged = dataset.with_name(f".{dataset.name}.tmp")
-    staged.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    staged.replace(dataset)
+    write_rows(dataset, rows)
     return dataset, groups
 
 

