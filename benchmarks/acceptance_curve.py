@@ -112,10 +112,15 @@ def draw(curve: dict[str, Any], out: Path) -> None:
         ordered = sorted(points.values(), key=lambda p: p["train_prompts"])
         xs = [p["train_prompts"] for p in ordered]
         ys = [p["mean_acceptance_length"] for p in ordered]
+        if len(xs) == 1:  # a setting tried at one size: its figure goes in the legend
+            axes.plot(xs, ys, marker="D", ls="", label=f"{label}: {ys[0]:.2f}")
+            continue
         (line,) = axes.plot(xs, ys, marker="o", label=label)
-        for x, y in zip(xs, ys, strict=True):
-            axes.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7),
-                          ha="center", fontsize=8)  # fmt: skip
+        for p in ordered:
+            axes.annotate(f"{p['mean_acceptance_length']:.2f}\n{p['cpu_hours']} CPU-h",
+                          (p["train_prompts"], p["mean_acceptance_length"]),
+                          textcoords="offset points", xytext=(6, -4), ha="left", va="top",
+                          fontsize=7)  # fmt: skip
         fitted = fit(ordered)
         if fitted:
             span = [min(xs), max(max(xs) * 4, prompts_for(curve["goal"], fitted) or 0)]
