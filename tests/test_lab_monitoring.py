@@ -138,6 +138,37 @@ def samples(prometheus: Prometheus, expr: str, **params: Any) -> list[tuple[floa
     return [(float(at), float(value)) for at, value in result[0]["values"]] if result else []
 
 
+def samples_at(prometheus: Prometheus, expr: str, at: float) -> list[tuple[float, float]]:
+    """An instant query's (timestamp, value) for each series, at ``at``."""
+    return [(float(r["value"][0]), float(r["value"][1])) for r in prometheus.query(expr, time=at)]
+
+
+WINDOW = 60  # seconds: the lab's monitoring_rate_window (inventory/lab/group_vars/monitoring.yml)
+
+
+def increase_as_rate_sees_it(points: list[tuple[float, float]], start: float, end: float) -> float:
+    """A counter's increase over [start, end] as Prometheus' rate() and increase() compute it
+    from the samples in the window (promql's extrapolatedRate, Prometheus 2.x): the increase
+    between the first and last samples, stretched to each edge when the edge is within 1.1
+    sample intervals (else by half an interval), the stretch back no further than where the
+    counter would reach zero. No resets here: the servers run throughout."""
+    # In whole milliseconds, as Prometheus keeps time: seconds since 1970 as floats are off
+    # by a few parts in 10^8 over a scrape interval.
+    ms = [round(at * 1000) for at, _ in points]
+    first, last = points[0][1], points[-1][1]
+    increase = last - first
+    sampled = (ms[-1] - ms[0]) / 1000
+    spacing = sampled / (len(points) - 1)
+    to_start = (ms[0] - round(start * 1000)) / 1000
+    to_end = (round(end * 1000) - ms[-1]) / 1000
+    if increase > 0 and first >= 0:
+        to_start = min(to_start, sampled * first / increase)
+    stretched = sampled
+    for gap in (to_start, to_end):
+        stretched += gap if gap < spacing * 1.1 else spacing / 2
+    return increase * stretched / sampled
+
+
 def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool:
     own = own_counters(lab, server)
     selector = f'{{instance="{server}"}}'
@@ -158,19 +189,44 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
         f"{server}: a scrape of today's counters, then a rule run", scraped_and_evaluated, 60
     )
     window = {
-        name: [
-            value for _, value in samples(prometheus, f"{name}{selector}[1m]", time=evaluated_at)
-        ]
+        name: samples(prometheus, f"{name}{selector}[{WINDOW}s]", time=evaluated_at)
         for name in (DRAFTS, ACCEPTED)
     }
-    drafts = window[DRAFTS][-1] - window[DRAFTS][0]
-    accepted = window[ACCEPTED][-1] - window[ACCEPTED][0]
-    assert window[DRAFTS][-1] == own[DRAFTS] and window[ACCEPTED][-1] == own[ACCEPTED]
+    assert window[DRAFTS][-1][1] == own[DRAFTS] and window[ACCEPTED][-1][1] == own[ACCEPTED]
+    drafts = window[DRAFTS][-1][1] - window[DRAFTS][0][1]
+    accepted = window[ACCEPTED][-1][1] - window[ACCEPTED][0][1]
     if drafts == 0:
         # No drafts in the window: no figure (NaN), and no alert can come of it.
         assert recorded != recorded, recorded
         return False
-    assert recorded == pytest.approx(1 + accepted / drafts, rel=1e-9)
+    # rate() stretches each counter's increase to the window's edges, each counter by its own
+    # factor (the stretch back stops where that counter would reach zero), so the rule's
+    # figure is the ratio of the two stretched increases: computed here from the same samples.
+    # A scrape that started in the last second before the rule ran may have been stored
+    # after it (a scrape's samples bear its start): the figure without it is the rule's too.
+    start = evaluated_at - WINDOW
+
+    def ratio(cutoff: float) -> float:
+        seen = {name: [p for p in points if p[0] <= cutoff] for name, points in window.items()}
+        if len(seen[DRAFTS]) < 2:
+            return float("nan")
+        return 1 + increase_as_rate_sees_it(
+            seen[ACCEPTED], start, evaluated_at
+        ) / increase_as_rate_sees_it(seen[DRAFTS], start, evaluated_at)
+
+    # The helper is Prometheus' own rate(), on these samples (queried now, as they were):
+    for name, points in window.items():
+        [(_, theirs)] = samples_at(
+            prometheus, f"increase({name}{selector}[{WINDOW}s])", evaluated_at
+        )
+        assert theirs == pytest.approx(
+            increase_as_rate_sees_it(points, start, evaluated_at), rel=1e-9
+        )
+    candidates = [ratio(evaluated_at), ratio(evaluated_at - 1)]
+    assert any(recorded == pytest.approx(c, rel=1e-9) for c in candidates), (recorded, candidates)
+    # The stretches move the figure by less than a sample interval's share of the window:
+    # this is vLLM's own ratio, not another (draft tokens for drafts would be k times off).
+    assert recorded - 1 == pytest.approx(accepted / drafts, rel=0.25)
     print(
         f"{server}: recorded {recorded:.4f} at {evaluated_at:.0f}; vLLM's own counters over"
         f" its window: {accepted:.0f} accepted / {drafts:.0f} drafts"
