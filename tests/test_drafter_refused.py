@@ -99,7 +99,12 @@ def server_state(lab: LabUnderTest, host: str) -> dict[str, Any]:
     }
 
 
-def publish(lab: LabUnderTest, drafter: Path) -> subprocess.CompletedProcess[str]:
+def publish(
+    lab: LabUnderTest, drafter: Path, only: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """playbooks/publish_drafter.yml as an operator runs it; ``only``: to that serving host
+    alone (``--limit``, the controller's own plays kept)."""
+    limit = ["--limit", f"localhost,{only}"] if only else []
     return subprocess.run(
         [
             str(Path(sys.executable).parent / "ansible-playbook"),
@@ -108,6 +113,7 @@ def publish(lab: LabUnderTest, drafter: Path) -> subprocess.CompletedProcess[str
             "playbooks/publish_drafter.yml",
             "-e",
             f"specfleet_publish_drafter={drafter}",
+            *limit,
         ],
         cwd=repo_root(),
         env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
