@@ -6,7 +6,8 @@ One command, from the repository, with the controller's venv::
 
 It takes about two hours on two cores the first time (an hour of it measuring); everything
 is cached by content under ``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``),
-so a second run only measures, and a run cut short resumes from its stages and checkpoints.
+so a second run only measures, and a run cut short resumes from its stages and checkpoints
+(and its measurements after the last server it finished: ``results.partial.json``).
 In order:
 
 1. the wheelhouses of locks ``cpu`` and ``smollm2`` and a venv of the cpu stack (the
@@ -474,7 +475,7 @@ def _planned(config: Any, facts: Any) -> Any:
 def measure(path: Path, as_json: bool) -> int:
     from specfleet.host.drafter import server as servers
     from specfleet.host.drafter.config import RunConfig
-    from specfleet.host.drafter.inputs import TargetFacts, read_rows
+    from specfleet.host.drafter.inputs import TargetFacts, digest_of, read_rows
 
     given = json.loads(path.read_text())
     options = given["options"]
@@ -494,15 +495,31 @@ def measure(path: Path, as_json: bool) -> int:
     repeats, per_cell = options["repeats"], options["speed_prompts"]
     speed_sets = {"heldout": heldout[:per_cell], "chat": chat[:per_cell]}
     log_dir = path.parent / "logs"
-    result: dict[str, Any] = {
-        "runs": given["runs"],
-        "engine_binding": config.server.environment.get("VLLM_CPU_OMP_THREADS_BIND"),
-        "acceptance": {},
-        "speed": {},
-    }
+    # What was measured so far is kept as it is measured; a run cut short (a session's end)
+    # resumes after the last server it finished, when its inputs are these: the run's
+    # config (named by its content), the drafters, the chat set and every option.
     partial = path.parent / "results.partial.json"
+    key = digest_of({name: value for name, value in given.items() if name != "runs"})
+    earlier = json.loads(partial.read_text()) if partial.exists() else {}
+    result: dict[str, Any] = (
+        earlier
+        if earlier.get("key") == key
+        else {
+            "key": key,
+            "engine_binding": config.server.environment.get("VLLM_CPU_OMP_THREADS_BIND"),
+            "acceptance": {},
+            "speed": {},
+        }
+    )
+    result["runs"] = given["runs"]
+    if result is earlier:
+        print(
+            f"[measure] resuming: speed of {', '.join(result['speed'])}; acceptance of"
+            f" {', '.join(result['acceptance'])}; bare generate: {'bare_generate' in result}",
+            flush=True,
+        )
 
-    def keep() -> None:  # what was measured so far, should a later server fail
+    def keep() -> None:
         partial.write_text(json.dumps(result, indent=2) + "\n")
 
     def speeds(server: Any) -> dict[str, Any]:
@@ -512,30 +529,35 @@ def measure(path: Path, as_json: bool) -> int:
             for load in (1, concurrency)
         }
 
-    with servers.serve(config, servers.plain(), log_dir / "server-plain.log") as server:
-        result["speed"]["no speculation"] = speeds(server)
-    result["engine_threads"] = _omp_threads(log_dir / "server-plain.log")
-    keep()
+    if "no speculation" not in result["speed"]:
+        with servers.serve(config, servers.plain(), log_dir / "server-plain.log") as server:
+            result["speed"]["no speculation"] = speeds(server)
+        result["engine_threads"] = _omp_threads(log_dir / "server-plain.log")
+        keep()
     measured = [("trained", trained, 3, True), ("trained", trained, 5, False)]
     measured.append(("untrained", Path(given["untrained"]), 3, False))
     for name, drafter, k, timed in measured:
+        served = f"{name} k={k}"
+        if served in result["acceptance"] and (not timed or served in result["speed"]):
+            continue
         spec = servers.with_drafter(drafter, k)
         with servers.serve(config, spec, log_dir / f"server-{name}-k{k}.log") as server:
-            result["acceptance"][f"{name} k={k}"] = {
+            result["acceptance"][served] = {
                 label: _acceptance(server, chats, tokens, k, concurrency)
                 for label, chats in sets.items()
             }
             if timed:
-                result["speed"][f"{name} k={k}"] = speeds(server)
+                result["speed"][served] = speeds(server)
         keep()
     threads = result["engine_threads"] or os.cpu_count() or 1
-    result["bare_generate"] = {
-        f"{label} x1": _bare_generate(
-            Path(config.target), chats, tokens, threads, options["bare_repeats"]
-        )
-        for label, chats in speed_sets.items()
-    }
-    keep()
+    if "bare_generate" not in result:
+        result["bare_generate"] = {
+            f"{label} x1": _bare_generate(
+                Path(config.target), chats, tokens, threads, options["bare_repeats"]
+            )
+            for label, chats in speed_sets.items()
+        }
+        keep()
     result["extraction"] = _extraction(
         config, facts, ctx.dirs["prepare"] / "data", options["extract_rows"], log_dir
     )
