@@ -7,7 +7,7 @@ One command, from the repository, with the controller's venv::
 It takes about two hours on two cores the first time (an hour of it measuring); everything
 is cached by content under ``--work`` (default ``~/.cache/specfleet/benchmarks/real-model``),
 so a second run only measures, and a run cut short resumes from its stages and checkpoints
-(and its measurements after the last server it finished: ``results.partial.json``).
+(and an unfinished measurement after the last server it finished: ``results.partial.json``).
 In order:
 
 1. the wheelhouses of locks ``cpu`` and ``smollm2`` and a venv of the cpu stack (the
@@ -499,7 +499,8 @@ def measure(path: Path, as_json: bool) -> int:
     # resumes after the last server it finished, when its inputs are these: the run's
     # config (named by its content), the drafters, the chat set and every option.
     partial = path.parent / "results.partial.json"
-    key = digest_of({name: value for name, value in given.items() if name != "runs"})
+    inputs = {name: value for name, value in given.items() if name != "runs"}
+    key = digest_of({**inputs, "options": {k: v for k, v in options.items() if k != "json"}})
     earlier = json.loads(partial.read_text()) if partial.exists() else {}
     result: dict[str, Any] = (
         earlier
@@ -574,6 +575,8 @@ def measure(path: Path, as_json: bool) -> int:
         "hidden_states": manifests["hidden_states"]["outputs"],
     }
     (path.parent / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    # Finished: the next run of the command measures anew.
+    partial.unlink(missing_ok=True)
     print(json.dumps(result, indent=2) if as_json else _table(result))
     return 0
 
