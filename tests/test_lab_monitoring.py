@@ -18,6 +18,7 @@ already up (``bin/lab up``), which it leaves as it found it.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 import urllib.request
@@ -143,7 +144,23 @@ def samples_at(prometheus: Prometheus, expr: str, at: float) -> list[tuple[float
     return [(float(r["value"][0]), float(r["value"][1])) for r in prometheus.query(expr, time=at)]
 
 
-WINDOW = 60  # seconds: the lab's monitoring_rate_window (inventory/lab/group_vars/monitoring.yml)
+def rule_window(prometheus: Prometheus) -> int:
+    """The range, in seconds, of the rule as Prometheus loaded it (it is the lab's
+    monitoring_rate_window): read from the rule, not restated here."""
+    [query] = [
+        rule["query"]
+        for group in prometheus.api("rules")["groups"]
+        for rule in group["rules"]
+        if rule["name"] == RULE
+    ]
+    ranges = set(re.findall(r"\[([0-9a-z]+)\]", query))
+    assert len(ranges) == 1, query  # both counters over one window
+    # Prometheus' durations: units from largest to smallest, e.g. 1m or 1m30s.
+    units = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    [duration] = ranges
+    parts = re.findall(r"(\d+)(ms|[ywdhms])", duration)
+    assert "".join(a + u for a, u in parts) == duration, query
+    return round(sum(int(amount) * units[unit] for amount, unit in parts))
 
 
 def increase_as_rate_sees_it(points: list[tuple[float, float]], start: float, end: float) -> float:
@@ -185,11 +202,12 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
         later = [s for s in samples(prometheus, f"{RULE}{selector}[20s]") if s[0] > seen]
         return later[0] if later else None
 
+    window_s = rule_window(prometheus)
     evaluated_at, recorded = wait_for(
         f"{server}: a scrape of today's counters, then a rule run", scraped_and_evaluated, 60
     )
     window = {
-        name: samples(prometheus, f"{name}{selector}[{WINDOW}s]", time=evaluated_at)
+        name: samples(prometheus, f"{name}{selector}[{window_s}s]", time=evaluated_at)
         for name in (DRAFTS, ACCEPTED)
     }
     assert window[DRAFTS][-1][1] == own[DRAFTS] and window[ACCEPTED][-1][1] == own[ACCEPTED]
@@ -204,7 +222,7 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
     # figure is the ratio of the two stretched increases: computed here from the same samples.
     # A scrape that started in the last second before the rule ran may have been stored
     # after it (a scrape's samples bear its start): the figure without it is the rule's too.
-    start = evaluated_at - WINDOW
+    start = evaluated_at - window_s
 
     def ratio(cutoff: float) -> float:
         seen = {name: [p for p in points if p[0] <= cutoff] for name, points in window.items()}
@@ -217,7 +235,7 @@ def check_server(lab: LabUnderTest, prometheus: Prometheus, server: str) -> bool
     # The helper is Prometheus' own rate(), on these samples (queried now, as they were):
     for name, points in window.items():
         [(_, theirs)] = samples_at(
-            prometheus, f"increase({name}{selector}[{WINDOW}s])", evaluated_at
+            prometheus, f"increase({name}{selector}[{window_s}s])", evaluated_at
         )
         assert theirs == pytest.approx(
             increase_as_rate_sees_it(points, start, evaluated_at), rel=1e-9
